@@ -1,0 +1,343 @@
+//! The KV cache: an immutable, shared [`Prefix`] and per-sequence suffixes.
+//!
+//! A prefix is computed once and frozen; any number of [`Sequence`]s reference it through an
+//! `Arc` and never copy it. Each sequence owns only the keys and values of its own suffix,
+//! which can be extended (by a forward), rolled back to a length, forked and dropped.
+//! Tensors in candle are immutable handles, so a fork shares the suffix storage too until
+//! one side extends it.
+
+use crate::{Error, Result};
+use candle_core::Tensor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Keys and values of one layer, each of shape (kv_heads, len, head_dim).
+#[derive(Debug, Clone)]
+pub struct LayerKv {
+    /// Keys (after rope).
+    pub k: Tensor,
+    /// Values.
+    pub v: Tensor,
+}
+
+impl LayerKv {
+    fn len(&self) -> usize {
+        self.k.dims()[1]
+    }
+
+    fn narrow(&self, len: usize) -> Result<Self> {
+        Ok(Self {
+            k: self.k.narrow(1, 0, len)?,
+            v: self.v.narrow(1, 0, len)?,
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        (self.k.elem_count() + self.v.elem_count()) * self.k.dtype().size_in_bytes()
+    }
+}
+
+static NEXT_PREFIX_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A frozen, shareable prefix of tokens with its keys and values for every layer.
+#[derive(Debug)]
+pub struct Prefix {
+    id: u64,
+    tokens: Vec<u32>,
+    layers: Vec<LayerKv>,
+}
+
+impl Prefix {
+    /// A process-unique id (two prefixes are the same cache iff their ids match).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True for a prefix of no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The tokens the prefix was computed from.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Keys and values of layer `i`.
+    pub fn layer(&self, i: usize) -> Option<&LayerKv> {
+        self.layers.get(i)
+    }
+
+    /// Bytes held by the prefix's keys and values.
+    pub fn kv_bytes(&self) -> usize {
+        self.layers.iter().map(LayerKv::bytes).sum()
+    }
+
+    /// Starts a new sequence on this prefix, with an empty suffix. O(1): nothing is copied.
+    pub fn fork(self: &Arc<Self>) -> Sequence {
+        Sequence {
+            prefix: Some(Arc::clone(self)),
+            tokens: Vec::new(),
+            layers: vec![None; self.layers.len()],
+        }
+    }
+}
+
+/// One sequence: an optional shared prefix plus its own suffix.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    prefix: Option<Arc<Prefix>>,
+    tokens: Vec<u32>,
+    layers: Vec<Option<LayerKv>>,
+}
+
+impl Sequence {
+    /// An empty sequence with no prefix, for a model of `num_layers` layers.
+    pub fn new(num_layers: usize) -> Self {
+        Self {
+            prefix: None,
+            tokens: Vec::new(),
+            layers: vec![None; num_layers],
+        }
+    }
+
+    /// The shared prefix, if any.
+    pub fn prefix(&self) -> Option<&Arc<Prefix>> {
+        self.prefix.as_ref()
+    }
+
+    /// Positions in the shared prefix.
+    pub fn prefix_len(&self) -> usize {
+        self.prefix.as_ref().map_or(0, |p| p.len())
+    }
+
+    /// Positions in this sequence's own suffix.
+    pub fn suffix_len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Total positions (prefix + suffix); the position of the next token.
+    pub fn len(&self) -> usize {
+        self.prefix_len() + self.suffix_len()
+    }
+
+    /// True when the sequence holds no positions at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The suffix tokens.
+    pub fn suffix_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// All tokens, prefix then suffix.
+    pub fn tokens(&self) -> Vec<u32> {
+        let mut out = self
+            .prefix
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.tokens.clone());
+        out.extend_from_slice(&self.tokens);
+        out
+    }
+
+    /// Number of layers this sequence caches.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether two sequences reference the very same prefix storage.
+    pub fn shares_prefix_with(&self, other: &Sequence) -> bool {
+        match (&self.prefix, &other.prefix) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// A second sequence with the same prefix and suffix. The prefix is shared by reference;
+    /// the suffix tensors are shared until either sequence is extended.
+    pub fn fork(&self) -> Sequence {
+        self.clone()
+    }
+
+    /// Rolls the sequence back to `len` positions. The prefix cannot be rolled back.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        let plen = self.prefix_len();
+        if len < plen {
+            return Err(Error::InvalidRequest(format!(
+                "cannot roll back to {len} positions: the shared prefix has {plen}"
+            )));
+        }
+        let keep = len - plen;
+        if keep >= self.tokens.len() {
+            return Ok(());
+        }
+        self.tokens.truncate(keep);
+        for layer in self.layers.iter_mut() {
+            *layer = match layer.take() {
+                Some(kv) if keep > 0 => Some(kv.narrow(keep)?),
+                _ => None,
+            };
+        }
+        Ok(())
+    }
+
+    /// Turns this sequence (prefix + suffix) into a new frozen prefix.
+    pub fn freeze(self) -> Result<Arc<Prefix>> {
+        if self.tokens.is_empty() {
+            if let Some(p) = self.prefix {
+                return Ok(p);
+            }
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (i, suffix) in self.layers.into_iter().enumerate() {
+            let pre = self.prefix.as_ref().and_then(|p| p.layers.get(i));
+            let kv = match (pre, suffix) {
+                (Some(p), Some(s)) => LayerKv {
+                    k: Tensor::cat(&[&p.k, &s.k], 1)?,
+                    v: Tensor::cat(&[&p.v, &s.v], 1)?,
+                },
+                (Some(p), None) => p.clone(),
+                (None, Some(s)) => LayerKv {
+                    k: s.k.contiguous()?,
+                    v: s.v.contiguous()?,
+                },
+                (None, None) => {
+                    return Err(Error::InvalidRequest(
+                        "cannot freeze an empty sequence into a prefix".into(),
+                    ))
+                }
+            };
+            layers.push(kv);
+        }
+        let mut tokens = self
+            .prefix
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.tokens.clone());
+        tokens.extend_from_slice(&self.tokens);
+        Ok(Arc::new(Prefix {
+            id: NEXT_PREFIX_ID.fetch_add(1, Ordering::Relaxed),
+            tokens,
+            layers,
+        }))
+    }
+
+    /// Bytes held by this sequence's own suffix (the prefix is not counted).
+    pub fn suffix_kv_bytes(&self) -> usize {
+        self.layers.iter().flatten().map(LayerKv::bytes).sum()
+    }
+
+    pub(crate) fn suffix_layer(&self, i: usize) -> Option<&LayerKv> {
+        self.layers.get(i).and_then(|l| l.as_ref())
+    }
+
+    /// Appends new keys/values (kv_heads, n, head_dim) to layer `i`'s suffix.
+    pub(crate) fn append_layer(&mut self, i: usize, k: Tensor, v: Tensor) -> Result<()> {
+        let slot = self
+            .layers
+            .get_mut(i)
+            .ok_or_else(|| Error::InvalidRequest(format!("sequence has no layer {i}")))?;
+        *slot = Some(match slot.take() {
+            Some(old) => LayerKv {
+                k: Tensor::cat(&[&old.k, &k], 1)?,
+                v: Tensor::cat(&[&old.v, &v], 1)?,
+            },
+            None => LayerKv { k, v },
+        });
+        Ok(())
+    }
+
+    pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+    }
+
+    pub(crate) fn check_consistent(&self) -> Result<()> {
+        for kv in self.layers.iter().flatten() {
+            if kv.len() != self.tokens.len() {
+                return Err(Error::InvalidRequest(format!(
+                    "sequence cache holds {} positions but {} suffix tokens",
+                    kv.len(),
+                    self.tokens.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    fn kv(len: usize, fill: f32) -> (Tensor, Tensor) {
+        let t = Tensor::full(fill, (2, len, 4), &Device::Cpu).unwrap();
+        (t.clone(), t)
+    }
+
+    fn seq_with(len: usize) -> Sequence {
+        let mut s = Sequence::new(2);
+        for l in 0..2 {
+            let (k, v) = kv(len, 1.0);
+            s.append_layer(l, k, v).unwrap();
+        }
+        s.push_tokens(&vec![7; len]);
+        s
+    }
+
+    #[test]
+    fn fork_shares_prefix_storage() {
+        let prefix = seq_with(5).freeze().unwrap();
+        let a = prefix.fork();
+        let b = prefix.fork();
+        assert!(a.shares_prefix_with(&b));
+        assert!(Arc::ptr_eq(a.prefix().unwrap(), &prefix));
+        assert_eq!(Arc::strong_count(&prefix), 3);
+        assert_eq!(a.suffix_kv_bytes(), 0);
+        assert_eq!(a.len(), 5);
+        assert_eq!(prefix.kv_bytes(), 2 * 2 * (2 * 5 * 4) * 4);
+    }
+
+    #[test]
+    fn truncate_and_bounds() {
+        let prefix = seq_with(3).freeze().unwrap();
+        let mut s = prefix.fork();
+        for l in 0..2 {
+            let (k, v) = kv(4, 2.0);
+            s.append_layer(l, k, v).unwrap();
+        }
+        s.push_tokens(&[1, 2, 3, 4]);
+        s.truncate(5).unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(s.suffix_layer(0).unwrap().len(), 2);
+        s.check_consistent().unwrap();
+        assert!(s.truncate(2).is_err(), "cannot cut into the prefix");
+        s.truncate(3).unwrap();
+        assert_eq!(s.suffix_len(), 0);
+        assert!(s.suffix_layer(1).is_none());
+    }
+
+    #[test]
+    fn freeze_on_prefix_concatenates() {
+        let prefix = seq_with(3).freeze().unwrap();
+        let mut s = prefix.fork();
+        for l in 0..2 {
+            let (k, v) = kv(2, 2.0);
+            s.append_layer(l, k, v).unwrap();
+        }
+        s.push_tokens(&[1, 2]);
+        let p2 = s.freeze().unwrap();
+        assert_eq!(p2.len(), 5);
+        assert_ne!(p2.id(), prefix.id());
+        assert_eq!(p2.tokens(), &[7, 7, 7, 1, 2]);
+        let k = p2.layer(0).unwrap().k.to_vec3::<f32>().unwrap();
+        assert_eq!(k[0][2][0], 1.0);
+        assert_eq!(k[0][3][0], 2.0);
+        assert!(Sequence::new(2).freeze().is_err());
+    }
+}

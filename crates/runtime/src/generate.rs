@@ -1,0 +1,170 @@
+//! Greedy continuation of many rows at once, with stop rules (stop tokens, token budget,
+//! first token whose text contains a newline).
+
+use crate::cache::Sequence;
+use crate::decoder::{argmax, Decoder, LogitsAt, Row};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// When a continuation ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopRules {
+    /// Most tokens to generate per row.
+    pub max_new_tokens: usize,
+    /// Tokens that end a row (not included in the output).
+    pub stop_tokens: Vec<u32>,
+    /// End a row at the first token whose text contains `\n`; the text before the newline
+    /// in that token is kept.
+    pub stop_at_newline: bool,
+}
+
+impl StopRules {
+    /// Stop at the tokenizer's end tokens or after `max_new_tokens`.
+    pub fn new(tok: &Tokenizer, max_new_tokens: usize) -> Self {
+        Self {
+            max_new_tokens,
+            stop_tokens: tok.eos_tokens().to_vec(),
+            stop_at_newline: false,
+        }
+    }
+
+    /// The same rules, also stopping at the first newline.
+    pub fn line(mut self) -> Self {
+        self.stop_at_newline = true;
+        self
+    }
+}
+
+/// Why a row stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A stop token was produced.
+    StopToken,
+    /// `max_new_tokens` were produced.
+    MaxTokens,
+    /// A token containing a newline was produced.
+    Newline,
+    /// The model's context is full.
+    Context,
+}
+
+/// The result of one row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Continuation {
+    /// Generated tokens kept (the stop token, if any, is not included).
+    pub tokens: Vec<u32>,
+    /// Decoded text; for [`StopReason::Newline`] it includes the part of the stopping token
+    /// before its newline.
+    pub text: String,
+    /// The token that ended the row, if a token did.
+    pub stop_token: Option<u32>,
+    /// Why the row ended.
+    pub reason: StopReason,
+    /// How many of `tokens` are in the sequence's cache (all but a last one that was never
+    /// fed back); the sequence holds prompt + `tokens[..cached]`.
+    pub cached: usize,
+}
+
+/// Greedy continuation of `seqs[i]` after appending `prompts[i]` (non-empty) to it. All rows
+/// advance together in one batched forward per step; finished rows leave the batch.
+pub fn greedy(
+    decoder: &Decoder,
+    tok: &Tokenizer,
+    seqs: &mut [&mut Sequence],
+    prompts: &[&[u32]],
+    rules: &StopRules,
+) -> Result<Vec<Continuation>> {
+    if seqs.len() != prompts.len() {
+        return Err(Error::InvalidRequest(format!(
+            "{} sequences but {} prompts",
+            seqs.len(),
+            prompts.len()
+        )));
+    }
+    let n = seqs.len();
+    let ctx = decoder.config().context_length;
+    let mut gen: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut done: Vec<Option<(StopReason, Option<u32>, String)>> = vec![None; n];
+    let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    if rules.max_new_tokens == 0 {
+        for d in done.iter_mut() {
+            *d = Some((StopReason::MaxTokens, None, String::new()));
+        }
+    }
+    loop {
+        let active: Vec<usize> = (0..n).filter(|&i| done[i].is_none()).collect();
+        if active.is_empty() {
+            break;
+        }
+        for &i in &active {
+            if seqs[i].len() + next[i].len() > ctx {
+                if gen[i].is_empty() {
+                    return Err(Error::InvalidRequest(format!(
+                        "row {i}: prompt of {} tokens after {} cached positions exceeds the context of {ctx}",
+                        next[i].len(),
+                        seqs[i].len()
+                    )));
+                }
+                done[i] = Some((StopReason::Context, None, tok.decode(&gen[i])?));
+            }
+        }
+        let active: Vec<usize> = active.into_iter().filter(|&i| done[i].is_none()).collect();
+        if active.is_empty() {
+            break;
+        }
+        let logits = {
+            let mut rows: Vec<Row<'_>> = Vec::with_capacity(active.len());
+            let mut pool: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
+            for &i in &active {
+                let seq = pool[i]
+                    .take()
+                    .ok_or_else(|| Error::InvalidRequest("row used twice".into()))?;
+                rows.push(Row {
+                    seq,
+                    tokens: &next[i],
+                });
+            }
+            decoder.forward(&mut rows, LogitsAt::Last)?
+        };
+        for (&i, l) in active.iter().zip(&logits) {
+            let t = argmax(l)?;
+            if rules.stop_tokens.contains(&t) {
+                done[i] = Some((StopReason::StopToken, Some(t), tok.decode(&gen[i])?));
+                continue;
+            }
+            if rules.stop_at_newline && tok.has_newline(t) {
+                let mut with = gen[i].clone();
+                with.push(t);
+                let full = tok.decode(&with)?;
+                let cut = full.split('\n').next().unwrap_or("").to_string();
+                done[i] = Some((StopReason::Newline, Some(t), cut));
+                continue;
+            }
+            gen[i].push(t);
+            if gen[i].len() >= rules.max_new_tokens {
+                done[i] = Some((StopReason::MaxTokens, None, tok.decode(&gen[i])?));
+                continue;
+            }
+            next[i] = vec![t];
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, d) in done.into_iter().enumerate() {
+        let (reason, stop_token, text) =
+            d.ok_or_else(|| Error::InvalidRequest("row did not finish".into()))?;
+        let tokens = std::mem::take(&mut gen[i]);
+        let cached = match reason {
+            StopReason::MaxTokens | StopReason::Context => tokens.len().saturating_sub(1),
+            _ => tokens.len(),
+        };
+        out.push(Continuation {
+            tokens,
+            text,
+            stop_token,
+            reason,
+            cached,
+        });
+    }
+    Ok(out)
+}

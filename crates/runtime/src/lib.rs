@@ -1,0 +1,28 @@
+//! speccompact's model runtime: quantized GGUF decoders with a shared-prefix, batched KV
+//! cache, greedy continuation with stop rules, tokenizers and chat templates.
+//!
+//! The seam for callers is [`Decoder::forward`]: B rows over one shared [`Prefix`], each with
+//! its own suffix and number of new tokens, returning logits only where asked.
+
+pub mod cache;
+pub mod chat;
+pub mod config;
+pub mod decoder;
+pub mod device;
+mod error;
+pub mod generate;
+pub mod linear;
+pub mod model;
+pub mod synthetic;
+pub mod tokenizer;
+
+pub use cache::{Prefix, Sequence};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Row};
+pub use device::{parse_device, set_threads, threads};
+pub use error::{Error, Result};
+pub use generate::{greedy, Continuation, StopReason, StopRules};
+pub use linear::DenseMode;
+pub use model::{read_gguf, Model};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,356 @@
+//! Numerical checks of the decoder on tiny random-weight GGUF models written by the tests:
+//! against candle-transformers' reference implementation, and between our own paths
+//! (prefix + fork vs full prefill, batched vs one by one, rollback vs fresh).
+//!
+//! Tolerances: logits are compared by max absolute difference. Same weights and same
+//! kernels, only the attention's operation order differs: 1e-4. The Q4_1 -> Q8_0 conversion
+//! changes weights: relative L2 error below 5 %. The dense path skips activation
+//! quantization: relative L2 error below 3 %.
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use speccompact_runtime::synthetic::TinyModel;
+use speccompact_runtime::{Architecture, DenseMode, LoadOptions, LogitsAt, Model, Row};
+use std::path::PathBuf;
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+const TOL: f32 = 1e-4;
+
+/// Runs a test body on each available device (CPU always, CUDA with the `cuda` feature).
+macro_rules! test_device {
+    ($body:ident, $cpu:ident, $cuda:ident) => {
+        #[test]
+        fn $cpu() -> R<()> {
+            $body(&Device::Cpu)
+        }
+        #[cfg(feature = "cuda")]
+        #[test]
+        fn $cuda() -> R<()> {
+            $body(&Device::new_cuda(0)?)
+        }
+    };
+}
+
+fn write(spec: &TinyModel) -> R<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("tiny.gguf");
+    spec.write(&path)?;
+    Ok((dir, path))
+}
+
+fn tokens(n: usize, vocab: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + seed * 101 + 11) % vocab as u32).collect()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> R<f32> {
+    let a = a.to_device(&Device::Cpu)?.flatten_all()?;
+    let b = b.to_device(&Device::Cpu)?.flatten_all()?;
+    Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?)
+}
+
+fn rel_l2(a: &Tensor, b: &Tensor) -> R<f32> {
+    let a = a.to_device(&Device::Cpu)?.flatten_all()?;
+    let b = b.to_device(&Device::Cpu)?.flatten_all()?;
+    let num = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    let den = a.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    Ok((num / den).sqrt())
+}
+
+enum Reference {
+    Llama(candle_transformers::models::quantized_llama::ModelWeights),
+    Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
+}
+
+impl Reference {
+    fn load(path: &PathBuf, dev: &Device) -> R<Self> {
+        let mut f = std::fs::File::open(path)?;
+        let ct = candle_core::quantized::gguf_file::Content::read(&mut f)?;
+        let arch = ct.metadata["general.architecture"].to_string()?.clone();
+        Ok(match arch.as_str() {
+            "llama" => Self::Llama(
+                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(ct, &mut f, dev)?,
+            ),
+            _ => Self::Qwen2(
+                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, dev)?,
+            ),
+        })
+    }
+
+    /// Logits of the last position after feeding `toks` from position `pos`.
+    fn forward(&mut self, toks: &[u32], pos: usize, dev: &Device) -> R<Tensor> {
+        let x = Tensor::new(toks, dev)?.unsqueeze(0)?;
+        Ok(match self {
+            Self::Llama(m) => m.forward(&x, pos)?,
+            Self::Qwen2(m) => m.forward(&x, pos)?,
+        }
+        .flatten_all()?)
+    }
+}
+
+fn load(path: &PathBuf, dev: &Device, opts: LoadOptions) -> R<Model> {
+    Ok(Model::load(path, dev, opts)?)
+}
+
+fn check_reference(spec: TinyModel, dev: &Device) -> R<()> {
+    let (_d, path) = write(&spec)?;
+    let ours = load(&path, dev, LoadOptions::default())?;
+    let vocab = ours.decoder.config().vocab_size;
+    let toks = tokens(23, vocab, 1);
+    // Prefill of several lengths.
+    for len in [1usize, 6, 23] {
+        let mut reference = Reference::load(&path, dev)?;
+        let want = reference.forward(&toks[..len], 0, dev)?;
+        let mut seq = ours.decoder.new_sequence();
+        let got = ours
+            .decoder
+            .forward(&mut [Row { seq: &mut seq, tokens: &toks[..len] }], LogitsAt::All)?;
+        let got = got[0].get(len - 1)?;
+        let d = max_diff(&want, &got)?;
+        assert!(d < TOL, "{:?} prefill len {len}: max diff {d}", spec.arch);
+    }
+    // Incremental decode after a prefill.
+    let mut reference = Reference::load(&path, dev)?;
+    reference.forward(&toks[..10], 0, dev)?;
+    let mut seq = ours.decoder.prefill(&toks[..10], 4)?;
+    for (i, &t) in toks[10..16].iter().enumerate() {
+        let want = reference.forward(&[t], 10 + i, dev)?;
+        let got = ours
+            .decoder
+            .forward(&mut [Row { seq: &mut seq, tokens: &[t] }], LogitsAt::Last)?;
+        let d = max_diff(&want, &got[0])?;
+        assert!(d < TOL, "{:?} decode step {i}: max diff {d}", spec.arch);
+    }
+    Ok(())
+}
+
+fn reference_llama(dev: &Device) -> R<()> {
+    check_reference(TinyModel::new(Architecture::Llama), dev)
+}
+fn reference_qwen2(dev: &Device) -> R<()> {
+    check_reference(TinyModel::new(Architecture::Qwen2), dev)
+}
+fn reference_qwen2_kquant(dev: &Device) -> R<()> {
+    let spec = TinyModel {
+        hidden: 256,
+        ffn: 512,
+        dtype: GgmlDType::Q4K,
+        untied_output: true,
+        ..TinyModel::new(Architecture::Qwen2)
+    };
+    check_reference(spec, dev)
+}
+fn reference_llama_f32_mha(dev: &Device) -> R<()> {
+    let spec = TinyModel {
+        kv_heads: 4,
+        dtype: GgmlDType::F32,
+        untied_output: false,
+        ..TinyModel::new(Architecture::Llama)
+    };
+    check_reference(spec, dev)
+}
+test_device!(reference_llama, reference_llama_cpu, reference_llama_cuda);
+test_device!(reference_qwen2, reference_qwen2_cpu, reference_qwen2_cuda);
+test_device!(reference_qwen2_kquant, reference_qwen2_kquant_cpu, reference_qwen2_kquant_cuda);
+test_device!(reference_llama_f32_mha, reference_llama_f32_mha_cpu, reference_llama_f32_mha_cuda);
+
+fn both_archs(dev: &Device, f: impl Fn(&Model, &Device) -> R<()>) -> R<()> {
+    for arch in [Architecture::Llama, Architecture::Qwen2] {
+        let (_d, path) = write(&TinyModel::new(arch))?;
+        f(&load(&path, dev, LoadOptions::default())?, dev)?;
+    }
+    Ok(())
+}
+
+fn prefix_fork_equals_full(dev: &Device) -> R<()> {
+    both_archs(dev, |m, _| {
+        let d = &m.decoder;
+        let toks = tokens(30, d.config().vocab_size, 2);
+        let mut full = d.new_sequence();
+        let want = d.forward(&mut [Row { seq: &mut full, tokens: &toks }], LogitsAt::All)?;
+        let prefix = d.prefill(&toks[..18], 7)?.freeze()?;
+        let mut seq = prefix.fork();
+        let got = d.forward(&mut [Row { seq: &mut seq, tokens: &toks[18..] }], LogitsAt::All)?;
+        let diff = max_diff(&want[0].narrow(0, 18, 12)?, &got[0])?;
+        assert!(diff < TOL, "prefix+fork vs full: {diff}");
+        assert_eq!(seq.tokens(), toks);
+        Ok(())
+    })
+}
+test_device!(prefix_fork_equals_full, prefix_fork_equals_full_cpu, prefix_fork_equals_full_cuda);
+
+fn batched_equals_one_by_one(dev: &Device) -> R<()> {
+    both_archs(dev, |m, _| {
+        let d = &m.decoder;
+        let v = d.config().vocab_size;
+        let prefix = d.prefill(&tokens(40, v, 3), 16)?.freeze()?;
+        // Rows with different existing suffixes and different numbers of new tokens; the
+        // last row has no prefix at all (grouped separately).
+        let setups: Vec<(bool, Vec<u32>, Vec<u32>)> = vec![
+            (true, vec![], tokens(5, v, 4)),
+            (true, tokens(3, v, 5), tokens(1, v, 6)),
+            (true, tokens(9, v, 7), tokens(8, v, 8)),
+            (true, tokens(1, v, 9), tokens(3, v, 10)),
+            (false, tokens(4, v, 11), tokens(2, v, 12)),
+        ];
+        let mk = |(with_prefix, old, _): &(bool, Vec<u32>, Vec<u32>)| -> R<_> {
+            let mut s = if *with_prefix { prefix.fork() } else { d.new_sequence() };
+            if !old.is_empty() {
+                d.extend(&mut s, old, 64)?;
+            }
+            Ok(s)
+        };
+        for at in [LogitsAt::All, LogitsAt::Last] {
+            let mut singles = Vec::new();
+            for st in &setups {
+                let mut s = mk(st)?;
+                singles.push(d.forward(&mut [Row { seq: &mut s, tokens: &st.2 }], at)?.remove(0));
+            }
+            let mut seqs: Vec<_> = setups.iter().map(mk).collect::<R<_>>()?;
+            let mut rows: Vec<Row<'_>> = seqs
+                .iter_mut()
+                .zip(&setups)
+                .map(|(s, st)| Row { seq: s, tokens: &st.2 })
+                .collect();
+            let batched = d.forward(&mut rows, at)?;
+            for (i, (a, b)) in singles.iter().zip(&batched).enumerate() {
+                assert_eq!(a.dims(), b.dims());
+                let diff = max_diff(a, b)?;
+                assert!(diff < TOL, "row {i} {at:?}: {diff}");
+            }
+            for (s, st) in seqs.iter().zip(&setups) {
+                assert_eq!(s.suffix_len(), st.1.len() + st.2.len());
+            }
+        }
+        Ok(())
+    })
+}
+test_device!(batched_equals_one_by_one, batched_equals_one_by_one_cpu, batched_equals_one_by_one_cuda);
+
+fn rollback_then_extend_equals_fresh(dev: &Device) -> R<()> {
+    both_archs(dev, |m, _| {
+        let d = &m.decoder;
+        let v = d.config().vocab_size;
+        let prefix = d.prefill(&tokens(12, v, 13), 64)?.freeze()?;
+        let a = tokens(6, v, 14);
+        let wrong = tokens(5, v, 15);
+        let right = tokens(4, v, 16);
+        let mut s = prefix.fork();
+        d.extend(&mut s, &a, 64)?;
+        d.extend(&mut s, &wrong, 64)?;
+        s.truncate(12 + 6)?;
+        let got = d.forward(&mut [Row { seq: &mut s, tokens: &right }], LogitsAt::All)?;
+        let mut fresh = prefix.fork();
+        d.extend(&mut fresh, &a, 64)?;
+        let want = d.forward(&mut [Row { seq: &mut fresh, tokens: &right }], LogitsAt::All)?;
+        let diff = max_diff(&want[0], &got[0])?;
+        assert!(diff < TOL, "rollback: {diff}");
+        assert_eq!(s.tokens(), fresh.tokens());
+        Ok(())
+    })
+}
+test_device!(rollback_then_extend_equals_fresh, rollback_cpu, rollback_cuda);
+
+fn fork_does_not_copy_prefix(dev: &Device) -> R<()> {
+    both_archs(dev, |m, _| {
+        let d = &m.decoder;
+        let v = d.config().vocab_size;
+        let prefix = d.prefill(&tokens(64, v, 17), 64)?.freeze()?;
+        let k_id = prefix.layer(0).unwrap().k.id();
+        let forks: Vec<_> = (0..100).map(|_| prefix.fork()).collect();
+        assert_eq!(std::sync::Arc::strong_count(&prefix), 101);
+        assert!(forks.iter().all(|f| std::sync::Arc::ptr_eq(f.prefix().unwrap(), &prefix)));
+        assert!(forks.iter().all(|f| f.suffix_kv_bytes() == 0));
+        // Extending forks leaves the prefix storage untouched and adds only suffix bytes.
+        let mut a = prefix.fork();
+        let mut b = a.fork();
+        d.extend(&mut a, &tokens(3, v, 18), 64)?;
+        d.extend(&mut b, &tokens(5, v, 19), 64)?;
+        assert_eq!(prefix.layer(0).unwrap().k.id(), k_id);
+        assert_eq!(prefix.len(), 64);
+        let c = d.config();
+        let per_pos = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4;
+        assert_eq!(a.suffix_kv_bytes(), 3 * per_pos);
+        assert_eq!(b.suffix_kv_bytes(), 5 * per_pos);
+        assert_eq!(prefix.kv_bytes(), 64 * per_pos);
+        Ok(())
+    })
+}
+test_device!(fork_does_not_copy_prefix, fork_no_copy_cpu, fork_no_copy_cuda);
+
+fn slow_quant_conversion(dev: &Device) -> R<()> {
+    let spec = TinyModel {
+        dtype: GgmlDType::Q4_1,
+        ..TinyModel::new(Architecture::Llama)
+    };
+    let (_d, path) = write(&spec)?;
+    let toks = tokens(12, 269, 20);
+    let mut reference = Reference::load(&path, dev)?;
+    let want = reference.forward(&toks, 0, dev)?;
+    let run = |opts: LoadOptions| -> R<Tensor> {
+        let m = load(&path, dev, opts)?;
+        let mut s = m.decoder.new_sequence();
+        Ok(m.decoder.forward(&mut [Row { seq: &mut s, tokens: &toks }], LogitsAt::Last)?.remove(0))
+    };
+    let native = run(LoadOptions { convert_slow_quants: false, ..Default::default() })?;
+    assert!(max_diff(&want, &native)? < TOL);
+    let converted = run(LoadOptions::default())?;
+    let e = rel_l2(&want, &converted)?;
+    assert!(e < 0.05, "Q4_1 -> Q8_0 relative error {e}");
+    assert!(e > 0.0, "conversion did not happen");
+    Ok(())
+}
+test_device!(slow_quant_conversion, slow_quant_conversion_cpu, slow_quant_conversion_cuda);
+
+fn dense_path_close_to_quantized(dev: &Device) -> R<()> {
+    let (_d, path) = write(&TinyModel::new(Architecture::Qwen2))?;
+    let toks = tokens(20, 269, 21);
+    let q = load(&path, dev, LoadOptions::default())?;
+    let dz = load(&path, dev, LoadOptions { dense: DenseMode::On { min_rows: 8 }, ..Default::default() })?;
+    assert_eq!(q.decoder.dense_bytes(), 0);
+    assert!(dz.decoder.dense_bytes() > 0);
+    let mut a = q.decoder.new_sequence();
+    let mut b = dz.decoder.new_sequence();
+    let la = q.decoder.forward(&mut [Row { seq: &mut a, tokens: &toks }], LogitsAt::All)?;
+    let lb = dz.decoder.forward(&mut [Row { seq: &mut b, tokens: &toks }], LogitsAt::All)?;
+    let e = rel_l2(&la[0], &lb[0])?;
+    assert!(e < 0.03, "dense vs quantized relative error {e}");
+    Ok(())
+}
+test_device!(dense_path_close_to_quantized, dense_cpu, dense_cuda);
+
+#[test]
+fn bad_requests_are_errors() -> R<()> {
+    let (_d, path) = write(&TinyModel::new(Architecture::Qwen2))?;
+    let m = load(&path, &Device::Cpu, LoadOptions::default())?;
+    let d = &m.decoder;
+    let mut s = d.new_sequence();
+    let e = d.forward(&mut [Row { seq: &mut s, tokens: &[] }], LogitsAt::Last).unwrap_err();
+    assert!(e.to_string().contains("no new tokens"), "{e}");
+    let e = d.forward(&mut [Row { seq: &mut s, tokens: &[100_000] }], LogitsAt::Last).unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    assert_eq!(s.len(), 0, "a failed forward leaves the sequence unchanged");
+    let long = vec![1u32; 4097];
+    let e = d.prefill(&long, 4097).unwrap_err();
+    assert!(e.to_string().contains("context"), "{e}");
+    Ok(())
+}
+
+#[test]
+fn corrupt_and_truncated_files_are_named() -> R<()> {
+    let (dir, path) = write(&TinyModel::new(Architecture::Llama))?;
+    let bytes = std::fs::read(&path)?;
+    let trunc = dir.path().join("trunc.gguf");
+    std::fs::write(&trunc, &bytes[..bytes.len() / 2])?;
+    let e = Model::load(&trunc, &Device::Cpu, LoadOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("trunc.gguf") && e.contains("not a valid GGUF"), "{e}");
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"definitely not gguf")?;
+    let e = Model::load(&junk, &Device::Cpu, LoadOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("junk.gguf"), "{e}");
+    let e = Model::load(&dir.path().join("missing.gguf"), &Device::Cpu, LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing.gguf"), "{e}");
+    Ok(())
+}
