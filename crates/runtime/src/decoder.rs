@@ -379,7 +379,7 @@ impl Decoder {
                 ),
             };
             // Append the new keys/values to each row's suffix, then gather the padded
-            // suffix block (b, hkv, kv_total, hd).
+            // suffix block in kv-head-major layout (hkv, b, kv_total, hd).
             let mut ks = Vec::with_capacity(b);
             let mut vs = Vec::with_capacity(b);
             for (r, row) in rows.iter_mut().enumerate() {
@@ -393,45 +393,44 @@ impl Decoder {
                 ks.push(pad_len(&kv.k, kv_total)?);
                 vs.push(pad_len(&kv.v, kv_total)?);
             }
-            let ks = Tensor::stack(&ks, 0)?;
-            let vs = Tensor::stack(&vs, 0)?;
-            let qg = q.reshape((b, hkv, g * t, hd))?;
-            let ss = (qg.matmul(&ks.t()?)? * scale)?;
-            let ss = ss
-                .reshape((b, hkv, g, t, kv_total))?
+            let ks = Tensor::stack(&ks, 1)?;
+            let vs = Tensor::stack(&vs, 1)?;
+            // Queries grouped by kv head: (hkv, b, g*t, hd). Every large tensor below is
+            // produced contiguous in this layout, so no score matrix is ever transposed.
+            let qh = q
+                .reshape((b, hkv, g * t, hd))?
+                .transpose(0, 1)?
+                .contiguous()?;
+            let ss = (qh.matmul(&ks.t()?)? * scale)?
+                .reshape((hkv, b, g, t, kv_total))?
                 .broadcast_add(&mask)?
-                .reshape((b, hkv, g * t, kv_total))?;
+                .reshape((hkv, b * g * t, kv_total))?;
             let o = match &prefix {
                 Some(p) if lp > 0 => {
                     let pkv = p
                         .layer(li)
                         .ok_or_else(|| Error::InvalidRequest("prefix layer missing".into()))?;
-                    let qp = qg
-                        .transpose(0, 1)?
-                        .contiguous()?
-                        .reshape((hkv, b * g * t, hd))?;
-                    let sp = (qp.matmul(&pkv.k.t()?)? * scale)?
-                        .reshape((hkv, b, g * t, lp))?
-                        .transpose(0, 1)?;
-                    let all = Tensor::cat(&[&sp, &ss], 3)?.contiguous()?;
+                    // One matmul per kv head covers every row: the prefix is read in place.
+                    let qp = qh.reshape((hkv, b * g * t, hd))?;
+                    let sp = (qp.matmul(&pkv.k.t()?)? * scale)?;
+                    let all = Tensor::cat(&[&sp, &ss], 2)?;
                     let probs = candle_nn::ops::softmax_last_dim(&all)?;
-                    let pp = probs
-                        .narrow(3, 0, lp)?
-                        .transpose(0, 1)?
+                    let op = probs.narrow(2, 0, lp)?.matmul(&pkv.v)?;
+                    let ps = probs
+                        .narrow(2, lp, kv_total)?
                         .contiguous()?
-                        .reshape((hkv, b * g * t, lp))?;
-                    let op = pp
-                        .matmul(&pkv.v)?
-                        .reshape((hkv, b, g * t, hd))?
-                        .transpose(0, 1)?;
-                    let ps = probs.narrow(3, lp, kv_total)?.contiguous()?;
-                    (op + ps.matmul(&vs)?)?
+                        .reshape((hkv, b, g * t, kv_total))?;
+                    (op.reshape((hkv, b, g * t, hd))? + ps.matmul(&vs)?)?
                 }
-                _ => candle_nn::ops::softmax_last_dim(&ss)?.matmul(&vs)?,
+                _ => candle_nn::ops::softmax_last_dim(&ss)?
+                    .reshape((hkv, b, g * t, kv_total))?
+                    .matmul(&vs)?,
             };
+            // (hkv, b, g, t, hd) -> (b, t, hkv, g, hd) -> (b, t, hq*hd)
             let o = o
-                .reshape((b, hq, t, hd))?
-                .transpose(1, 2)?
+                .reshape((hkv, b, g, t, hd))?
+                .permute((1, 3, 0, 2, 4))?
+                .contiguous()?
                 .reshape((b, t, hq * hd))?;
             x = (x + blk.wo.forward(&o)?)?;
             let h = blk.ffn_norm.forward(&x)?;
@@ -484,7 +483,7 @@ fn pad_len(x: &Tensor, to: usize) -> Result<Tensor> {
     Ok(Tensor::cat(&[x, &z], 1)?)
 }
 
-/// Additive mask (b, 1, 1, t, kv_total) over the suffix keys: query i of row r (at suffix
+/// Additive mask (1, b, 1, t, kv_total) over the suffix keys: query i of row r (at suffix
 /// position s_r + i) sees suffix keys 0..=s_r+i; padded queries see all real keys.
 fn suffix_mask(s: &[usize], n: &[usize], t: usize, kv_total: usize, dev: &Device) -> Result<Tensor> {
     let b = s.len();
@@ -497,7 +496,7 @@ fn suffix_mask(s: &[usize], n: &[usize], t: usize, kv_total: usize, dev: &Device
             }
         }
     }
-    Ok(Tensor::from_vec(m, (b, 1, 1, t, kv_total), dev)?)
+    Ok(Tensor::from_vec(m, (1, b, 1, t, kv_total), dev)?)
 }
 
 fn rope_tables(cfg: &ModelConfig, dev: &Device) -> Result<(Tensor, Tensor)> {
