@@ -25,12 +25,21 @@ fn bench(c: &mut Criterion) {
     let d = &m.decoder;
     let prefix_toks: Vec<u32> = (0..512u32).map(|i| i % 260).collect();
     let prefix = d.prefill(&prefix_toks, 512).unwrap().freeze().unwrap();
-    c.bench_function("fork 512-token prefix", |b| b.iter(|| std::hint::black_box(prefix.fork())));
+    c.bench_function("fork 512-token prefix", |b| {
+        b.iter(|| std::hint::black_box(prefix.fork()))
+    });
     c.bench_function("decode step over 512 prefix", |b| {
         let mut s = prefix.fork();
         d.extend(&mut s, &[5, 6, 7], 8).unwrap();
         b.iter(|| {
-            d.forward(&mut [Row { seq: &mut s, tokens: &[9] }], LogitsAt::Last).unwrap();
+            d.forward(
+                &mut [Row {
+                    seq: &mut s,
+                    tokens: &[9],
+                }],
+                LogitsAt::Last,
+            )
+            .unwrap();
             s.truncate(515).unwrap();
         })
     });
@@ -38,13 +47,26 @@ fn bench(c: &mut Criterion) {
     c.bench_function("verify 1x32 over 512 prefix", |b| {
         b.iter(|| {
             let mut s = prefix.fork();
-            d.forward(&mut [Row { seq: &mut s, tokens: &suffix }], LogitsAt::Last).unwrap()
+            d.forward(
+                &mut [Row {
+                    seq: &mut s,
+                    tokens: &suffix,
+                }],
+                LogitsAt::Last,
+            )
+            .unwrap()
         })
     });
     c.bench_function("verify 6x32 over 512 prefix", |b| {
         b.iter(|| {
             let mut seqs: Vec<_> = (0..6).map(|_| prefix.fork()).collect();
-            let mut rows: Vec<Row<'_>> = seqs.iter_mut().map(|s| Row { seq: s, tokens: &suffix }).collect();
+            let mut rows: Vec<Row<'_>> = seqs
+                .iter_mut()
+                .map(|s| Row {
+                    seq: s,
+                    tokens: &suffix,
+                })
+                .collect();
             d.forward(&mut rows, LogitsAt::Last).unwrap()
         })
     });

@@ -21,10 +21,14 @@ impl Reference {
         let arch = ct.metadata["general.architecture"].to_string()?.clone();
         Ok(match arch.as_str() {
             "llama" => Self::Llama(
-                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(ct, &mut f, dev)?,
+                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+                    ct, &mut f, dev,
+                )?,
             ),
             "qwen2" => Self::Qwen2(
-                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, dev)?,
+                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
+                    ct, &mut f, dev,
+                )?,
             ),
             other => anyhow::bail!("no reference for architecture {other}"),
         })
@@ -62,7 +66,9 @@ pub fn median(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 /// Deterministic filler tokens (valid ids below `vocab`, avoiding the special range).
 pub fn filler_tokens(n: usize, vocab: usize) -> Vec<u32> {
     let v = (vocab.min(30_000)) as u32;
-    (0..n as u32).map(|i| 200 + (i * 7919) % (v - 200)).collect()
+    (0..n as u32)
+        .map(|i| 200 + (i * 7919) % (v - 200))
+        .collect()
 }
 
 /// Resident set size of this process in bytes (Linux), for memory columns.

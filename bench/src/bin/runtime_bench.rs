@@ -54,7 +54,11 @@ fn main() -> Result<()> {
     let mut lines: Vec<Line> = Vec::new();
     for name in &args.models {
         let path = store.resolve(name, &mut |_| {})?;
-        let push = |lines: &mut Vec<Line>, metric: String, ours: f64, reference: Option<f64>, unit: &str| {
+        let push = |lines: &mut Vec<Line>,
+                    metric: String,
+                    ours: f64,
+                    reference: Option<f64>,
+                    unit: &str| {
             lines.push(Line {
                 model: name.clone(),
                 metric,
@@ -91,7 +95,13 @@ fn main() -> Result<()> {
                 Some(n as f64 / s)
             };
             eprintln!("prefill {n}: ours {:.1} tok/s", n as f64 / ours);
-            push(&mut lines, format!("prefill {n} tok/s"), n as f64 / ours, r, "tok/s");
+            push(
+                &mut lines,
+                format!("prefill {n} tok/s"),
+                n as f64 / ours,
+                r,
+                "tok/s",
+            );
         }
         // Decode.
         let prompt = filler_tokens(64, vocab);
@@ -100,7 +110,13 @@ fn main() -> Result<()> {
         let mut tok = 300u32;
         let (_, s) = time(|| {
             for _ in 0..steps {
-                let l = d.forward(&mut [Row { seq: &mut seq, tokens: &[tok] }], LogitsAt::Last)?;
+                let l = d.forward(
+                    &mut [Row {
+                        seq: &mut seq,
+                        tokens: &[tok],
+                    }],
+                    LogitsAt::Last,
+                )?;
                 tok = speccompact_runtime::argmax(&l[0])?;
             }
             Ok(())
@@ -135,19 +151,35 @@ fn main() -> Result<()> {
         lines.push(Line {
             model: name.clone(),
             metric: format!("fork of a {}-token prefix", args.prefix),
-            ours: format!("{:.2} us, 0 bytes copied (prefix KV {} MiB shared)", fork_s * 1e6, prefix.kv_bytes() >> 20),
+            ours: format!(
+                "{:.2} us, 0 bytes copied (prefix KV {} MiB shared)",
+                fork_s * 1e6,
+                prefix.kv_bytes() >> 20
+            ),
             reference: "no fork (cache is per model)".into(),
             ratio: String::new(),
         });
-        let suffix: Vec<Vec<u32>> = (0..6).map(|r| filler_tokens(32 + r, vocab)[r..].to_vec()).collect();
+        let suffix: Vec<Vec<u32>> = (0..6)
+            .map(|r| filler_tokens(32 + r, vocab)[r..].to_vec())
+            .collect();
         let one = median(3, || {
             let mut s = prefix.fork();
-            d.forward(&mut [Row { seq: &mut s, tokens: &suffix[0] }], LogitsAt::Last)?;
+            d.forward(
+                &mut [Row {
+                    seq: &mut s,
+                    tokens: &suffix[0],
+                }],
+                LogitsAt::Last,
+            )?;
             Ok(())
         })?;
         let six = median(3, || {
             let mut seqs: Vec<_> = (0..6).map(|_| prefix.fork()).collect();
-            let mut rows: Vec<Row<'_>> = seqs.iter_mut().zip(&suffix).map(|(s, t)| Row { seq: s, tokens: t }).collect();
+            let mut rows: Vec<Row<'_>> = seqs
+                .iter_mut()
+                .zip(&suffix)
+                .map(|(s, t)| Row { seq: s, tokens: t })
+                .collect();
             d.forward(&mut rows, LogitsAt::Last)?;
             Ok(())
         })?;
@@ -169,7 +201,14 @@ fn main() -> Result<()> {
         drop(m);
         // Dense weights for many-token forwards.
         let rss0 = rss_bytes().unwrap_or(0);
-        let dense = Model::load(&path, &dev, LoadOptions { dense: DenseMode::On { min_rows: 16 }, ..Default::default() })?;
+        let dense = Model::load(
+            &path,
+            &dev,
+            LoadOptions {
+                dense: DenseMode::On { min_rows: 16 },
+                ..Default::default()
+            },
+        )?;
         let rss1 = rss_bytes().unwrap_or(0);
         for &n in &args.prefill {
             let toks = filler_tokens(n, vocab);
@@ -181,7 +220,11 @@ fn main() -> Result<()> {
             lines.push(Line {
                 model: name.clone(),
                 metric: format!("prefill {n} tok/s, dense f32 weights"),
-                ours: format!("{:.1} tok/s (+{dense_mib} MiB dense, rss +{} MiB)", n as f64 / s, rss1.saturating_sub(rss0) >> 20),
+                ours: format!(
+                    "{:.1} tok/s (+{dense_mib} MiB dense, rss +{} MiB)",
+                    n as f64 / s,
+                    rss1.saturating_sub(rss0) >> 20
+                ),
                 reference: String::new(),
                 ratio: String::new(),
             });
@@ -189,10 +232,17 @@ fn main() -> Result<()> {
         }
     }
     let mut t = String::new();
-    writeln!(t, "| model | metric | speccompact | candle-transformers | ratio |")?;
+    writeln!(
+        t,
+        "| model | metric | speccompact | candle-transformers | ratio |"
+    )?;
     writeln!(t, "|---|---|---|---|---|")?;
     for l in &lines {
-        writeln!(t, "| {} | {} | {} | {} | {} |", l.model, l.metric, l.ours, l.reference, l.ratio)?;
+        writeln!(
+            t,
+            "| {} | {} | {} | {} | {} |",
+            l.model, l.metric, l.ours, l.reference, l.ratio
+        )?;
     }
     println!("{t}");
     if let Some(p) = &args.out {
@@ -211,6 +261,10 @@ fn main() -> Result<()> {
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }

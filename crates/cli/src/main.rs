@@ -4,21 +4,28 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use speccompact_runtime::{
-    greedy, parse_device, set_threads, ChatMessage, DenseMode, LoadOptions, Model, StopRules,
+    greedy, parse_device, set_threads, ChatMessage, Model, RuntimeSettings, StopRules,
 };
 use speccompact_store::{Progress, Status, Store};
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "speccompact", version, about = "Fast, faithful compaction of LLM-agent histories")]
+#[command(
+    name = "speccompact",
+    version,
+    about = "Fast, faithful compaction of LLM-agent histories"
+)]
 struct Cli {
+    /// Runtime settings file (see configs/runtime.toml); flags below override it.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     /// CPU threads for every kernel (0 = all cores).
-    #[arg(long, global = true, default_value_t = 0)]
-    threads: usize,
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     /// Device: `cpu` or `cuda:N`.
-    #[arg(long, global = true, default_value = "cpu")]
-    device: String,
+    #[arg(long, global = true)]
+    device: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -44,9 +51,6 @@ enum Cmd {
         /// Feed the prompt as raw text instead of through the chat template.
         #[arg(long)]
         raw: bool,
-        /// Keep dense weights for forwards of at least this many tokens.
-        #[arg(long)]
-        dense_min_rows: Option<usize>,
     },
 }
 
@@ -71,7 +75,9 @@ fn progress_bar() -> (ProgressBar, impl FnMut(Progress)) {
     );
     let b = bar.clone();
     let cb = move |p: Progress| match p {
-        Progress::Downloading { index, parts } => b.set_message(format!("part {}/{}", index + 1, parts)),
+        Progress::Downloading { index, parts } => {
+            b.set_message(format!("part {}/{}", index + 1, parts))
+        }
         Progress::Bytes { done, total } => {
             b.set_length(total);
             b.set_position(done);
@@ -124,14 +130,21 @@ fn main() -> Result<()> {
             },
             ModelsCmd::Path { name } => println!("{}", store.path(&name)?.display()),
         },
-        Cmd::Generate { model, prompt, max_tokens, raw, dense_min_rows } => {
-            set_threads(cli.threads)?;
-            let device = parse_device(&cli.device)?;
-            let path = resolve(&store, &model)?;
-            let opts = LoadOptions {
-                dense: dense_min_rows.map_or(DenseMode::Off, |min_rows| DenseMode::On { min_rows }),
-                ..LoadOptions::default()
+        Cmd::Generate { model, prompt, max_tokens, raw } => {
+            let mut settings = match &cli.config {
+                Some(p) => RuntimeSettings::load(p)?,
+                None => RuntimeSettings::default(),
             };
+            if let Some(t) = cli.threads {
+                settings.threads = t;
+            }
+            if let Some(d) = &cli.device {
+                settings.device = d.clone();
+            }
+            set_threads(settings.threads)?;
+            let device = parse_device(&settings.device)?;
+            let path = resolve(&store, &model)?;
+            let opts = settings.load_options();
             let t0 = Instant::now();
             let m = Model::load(&path, &device, opts).with_context(|| format!("loading {}", path.display()))?;
             let load_ms = t0.elapsed().as_millis();
@@ -140,9 +153,14 @@ fn main() -> Result<()> {
                 _ => prompt.clone(),
             };
             let ids = m.tokenizer.encode(&text, true)?;
-            let mut seq = m.decoder.new_sequence();
+            if ids.is_empty() {
+                bail!("the prompt encodes to no tokens");
+            }
             let t1 = Instant::now();
-            let out = greedy(&m.decoder, &m.tokenizer, &mut [&mut seq], &[&ids], &StopRules::new(&m.tokenizer, max_tokens))?;
+            // Long prompts are prefilled in chunks; the last token starts the continuation.
+            let (head, last) = ids.split_at(ids.len() - 1);
+            let mut seq = m.decoder.prefill(head, settings.prefill_chunk)?;
+            let out = greedy(&m.decoder, &m.tokenizer, &mut [&mut seq], &[last], &StopRules::new(&m.tokenizer, max_tokens))?;
             let gen_s = t1.elapsed().as_secs_f64();
             let c = &out[0];
             println!("{}", c.text);

@@ -42,10 +42,17 @@ impl ChatTemplate {
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template_owned("chat", source.to_string()).map_err(tpl_err)?;
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template_owned("chat", source.to_string())
+            .map_err(tpl_err)?;
         Ok(Self {
             env,
             bos: bos.to_string(),
@@ -60,8 +67,8 @@ impl ChatTemplate {
             path: path.to_path_buf(),
             source: e,
         })?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| tpl_err(format!("{}: {e}", path.display())))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| tpl_err(format!("{}: {e}", path.display())))?;
         let token = |k: &str| match &v[k] {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Object(o) => o
@@ -90,7 +97,11 @@ impl ChatTemplate {
     }
 
     /// Renders any serialisable message list (e.g. with `tool_calls`).
-    pub fn render_values<M: Serialize>(&self, messages: &[M], add_generation_prompt: bool) -> Result<String> {
+    pub fn render_values<M: Serialize>(
+        &self,
+        messages: &[M],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tpl = self.env.get_template("chat").map_err(tpl_err)?;
         tpl.render(minijinja::context! {
             messages => messages,
@@ -110,9 +121,7 @@ mod tests {
     #[test]
     fn chatml_renders() {
         let t = ChatTemplate::new(CHATML_TEMPLATE, "", "<|im_end|>").unwrap();
-        let s = t
-            .render(&[ChatMessage::new("user", "hi")], true)
-            .unwrap();
+        let s = t.render(&[ChatMessage::new("user", "hi")], true).unwrap();
         assert_eq!(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 
@@ -120,8 +129,14 @@ mod tests {
     fn python_methods_and_raise_work() {
         let src = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('need system') }}{% endif %}{{ messages[0]['content'].strip().upper() }}";
         let t = ChatTemplate::new(src, "", "").unwrap();
-        assert_eq!(t.render(&[ChatMessage::new("system", "  ok ")], false).unwrap(), "OK");
-        let e = t.render(&[ChatMessage::new("user", "x")], false).unwrap_err();
+        assert_eq!(
+            t.render(&[ChatMessage::new("system", "  ok ")], false)
+                .unwrap(),
+            "OK"
+        );
+        let e = t
+            .render(&[ChatMessage::new("user", "x")], false)
+            .unwrap_err();
         assert!(e.to_string().contains("need system"), "{e}");
     }
 

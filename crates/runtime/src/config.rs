@@ -88,7 +88,12 @@ pub(crate) fn md_u32(ct: &Content, key: &str) -> Result<usize> {
         Value::I16(x) if *x >= 0 => *x as u64,
         Value::I32(x) if *x >= 0 => *x as u64,
         Value::I64(x) if *x >= 0 => *x as u64,
-        other => return Err(Error::metadata(key, format!("expected a count, got {other:?}"))),
+        other => {
+            return Err(Error::metadata(
+                key,
+                format!("expected a count, got {other:?}"),
+            ))
+        }
     };
     Ok(n as usize)
 }
@@ -97,14 +102,20 @@ fn md_f32(ct: &Content, key: &str) -> Result<f32> {
     match md(ct, key)? {
         Value::F32(x) => Ok(*x),
         Value::F64(x) => Ok(*x as f32),
-        other => Err(Error::metadata(key, format!("expected a float, got {other:?}"))),
+        other => Err(Error::metadata(
+            key,
+            format!("expected a float, got {other:?}"),
+        )),
     }
 }
 
 pub(crate) fn md_str<'a>(ct: &'a Content, key: &str) -> Result<&'a str> {
     match md(ct, key)? {
         Value::String(s) => Ok(s.as_str()),
-        other => Err(Error::metadata(key, format!("expected a string, got {other:?}"))),
+        other => Err(Error::metadata(
+            key,
+            format!("expected a string, got {other:?}"),
+        )),
     }
 }
 

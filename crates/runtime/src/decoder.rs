@@ -291,7 +291,11 @@ impl Decoder {
                     self.cos.dim(0)?
                 )));
             }
-            if let Some(&bad) = r.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            if let Some(&bad) = r
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.cfg.vocab_size)
+            {
                 return Err(Error::InvalidRequest(format!(
                     "row {i}: token id {bad} is outside the vocabulary of {}",
                     self.cfg.vocab_size
@@ -356,7 +360,10 @@ impl Decoder {
         let sin = self.sin.index_select(&pos, 0)?.reshape((b, t, half))?;
         let mask = suffix_mask(&s, &n, t, kv_total, dev)?;
 
-        let mut x = self.embed.embedding(&ids)?.reshape((b, t, cfg.hidden_size))?;
+        let mut x = self
+            .embed
+            .embedding(&ids)?
+            .reshape((b, t, cfg.hidden_size))?;
         let (hq, hkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let g = hq / hkv;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -416,10 +423,12 @@ impl Decoder {
                     let all = Tensor::cat(&[&sp, &ss], 2)?;
                     let probs = candle_nn::ops::softmax_last_dim(&all)?;
                     let op = probs.narrow(2, 0, lp)?.matmul(&pkv.v)?;
-                    let ps = probs
-                        .narrow(2, lp, kv_total)?
-                        .contiguous()?
-                        .reshape((hkv, b, g * t, kv_total))?;
+                    let ps = probs.narrow(2, lp, kv_total)?.contiguous()?.reshape((
+                        hkv,
+                        b,
+                        g * t,
+                        kv_total,
+                    ))?;
                     (op.reshape((hkv, b, g * t, hd))? + ps.matmul(&vs)?)?
                 }
                 _ => candle_nn::ops::softmax_last_dim(&ss)?
@@ -485,7 +494,13 @@ fn pad_len(x: &Tensor, to: usize) -> Result<Tensor> {
 
 /// Additive mask (1, b, 1, t, kv_total) over the suffix keys: query i of row r (at suffix
 /// position s_r + i) sees suffix keys 0..=s_r+i; padded queries see all real keys.
-fn suffix_mask(s: &[usize], n: &[usize], t: usize, kv_total: usize, dev: &Device) -> Result<Tensor> {
+fn suffix_mask(
+    s: &[usize],
+    n: &[usize],
+    t: usize,
+    kv_total: usize,
+    dev: &Device,
+) -> Result<Tensor> {
     let b = s.len();
     let mut m = vec![0f32; b * t * kv_total];
     for r in 0..b {
@@ -515,5 +530,8 @@ fn rope_tables(cfg: &ModelConfig, dev: &Device) -> Result<(Tensor, Tensor)> {
 
 /// Index of the largest logit of a (vocab,) or (1, vocab) tensor.
 pub fn argmax(logits: &Tensor) -> Result<u32> {
-    Ok(logits.flatten_all()?.argmax(D::Minus1)?.to_scalar::<u32>()?)
+    Ok(logits
+        .flatten_all()?
+        .argmax(D::Minus1)?
+        .to_scalar::<u32>()?)
 }

@@ -34,9 +34,11 @@ static THREADS: OnceLock<usize> = OnceLock::new();
 
 /// Sets the number of CPU threads used by every matmul and attention kernel.
 ///
-/// candle's kernels run on rayon's global pool and read `RAYON_NUM_THREADS` for their own
-/// splitting, so both are set. The pool can be built once per process: a second call with a
-/// different count is an error naming the count already in force. `0` means all cores.
+/// candle's dense kernels run on rayon's global pool and split work by `RAYON_NUM_THREADS`;
+/// its quantized kernels run on a separate persistent pool sized by `CANDLE_NUM_THREADS`
+/// (default: physical cores). All three are set here, before either pool exists, so call
+/// this before loading a model. A second call with a different count is an error naming the
+/// count already in force. `0` means all logical cores.
 pub fn set_threads(n: usize) -> Result<usize> {
     let wanted = if n == 0 {
         std::thread::available_parallelism().map_or(1, |p| p.get())
@@ -45,6 +47,7 @@ pub fn set_threads(n: usize) -> Result<usize> {
     };
     let in_force = *THREADS.get_or_init(|| {
         std::env::set_var("RAYON_NUM_THREADS", wanted.to_string());
+        std::env::set_var("CANDLE_NUM_THREADS", wanted.to_string());
         // The global pool may already exist if rayon was used before this call; the
         // environment variable then still governs candle's own splitting.
         let _ = rayon::ThreadPoolBuilder::new()

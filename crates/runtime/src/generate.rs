@@ -115,7 +115,8 @@ pub fn greedy(
         }
         let logits = {
             let mut rows: Vec<Row<'_>> = Vec::with_capacity(active.len());
-            let mut pool: Vec<Option<&mut Sequence>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
+            let mut pool: Vec<Option<&mut Sequence>> =
+                seqs.iter_mut().map(|s| Some(&mut **s)).collect();
             for &i in &active {
                 let seq = pool[i]
                     .take()

@@ -13,6 +13,7 @@ mod error;
 pub mod generate;
 pub mod linear;
 pub mod model;
+pub mod settings;
 pub mod synthetic;
 pub mod tokenizer;
 
@@ -25,4 +26,5 @@ pub use error::{Error, Result};
 pub use generate::{greedy, Continuation, StopReason, StopRules};
 pub use linear::DenseMode;
 pub use model::{read_gguf, Model};
+pub use settings::RuntimeSettings;
 pub use tokenizer::Tokenizer;

@@ -135,8 +135,20 @@ mod tests {
         let b = dense.forward(&x).unwrap();
         assert_eq!(a.dims(), b.dims());
         // The quantized path also quantizes the activations to 8 bits.
-        let rel = ((&a - &b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()
-            / a.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap())
+        let rel = ((&a - &b)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            / a.sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap())
         .sqrt();
         assert!(rel < 0.02, "relative error {rel}");
     }

@@ -48,7 +48,9 @@ pub fn read_gguf(path: &Path) -> Result<(Content, std::fs::File)> {
         if end > size {
             return Err(Error::CorruptGguf {
                 path: path.to_path_buf(),
-                reason: format!("tensor `{name}` ends at byte {end}, past the end of the file ({size} bytes)"),
+                reason: format!(
+                    "tensor `{name}` ends at byte {end}, past the end of the file ({size} bytes)"
+                ),
             });
         }
     }

@@ -134,7 +134,10 @@ impl TinyModel {
         for i in 0..self.layers {
             let b = format!("blk.{i}");
             let norm = rng.tensor(&[self.hidden], 0.2, 1.0)?;
-            tensors.push((format!("{b}.attn_norm.weight"), quant(&norm, GgmlDType::F32)?));
+            tensors.push((
+                format!("{b}.attn_norm.weight"),
+                quant(&norm, GgmlDType::F32)?,
+            ));
             for (name, rows) in [
                 ("attn_q", self.heads * hd),
                 ("attn_k", self.kv_heads * hd),
@@ -150,7 +153,10 @@ impl TinyModel {
             let wo = mat(&mut rng, self.hidden, self.heads * hd)?;
             tensors.push((format!("{b}.attn_output.weight"), quant(&wo, self.dtype)?));
             let norm = rng.tensor(&[self.hidden], 0.2, 1.0)?;
-            tensors.push((format!("{b}.ffn_norm.weight"), quant(&norm, GgmlDType::F32)?));
+            tensors.push((
+                format!("{b}.ffn_norm.weight"),
+                quant(&norm, GgmlDType::F32)?,
+            ));
             for (name, rows, cols) in [
                 ("ffn_gate", self.ffn, self.hidden),
                 ("ffn_up", self.ffn, self.hidden),
@@ -168,9 +174,13 @@ impl TinyModel {
         }
 
         let u = |x: usize| Value::U32(x as u32);
-        let strs = |v: &[String]| Value::Array(v.iter().map(|s| Value::String(s.clone())).collect());
+        let strs =
+            |v: &[String]| Value::Array(v.iter().map(|s| Value::String(s.clone())).collect());
         let eos = tokens.iter().position(|t| t == "<|im_end|>").unwrap_or(0);
-        let bos = tokens.iter().position(|t| t == "<|endoftext|>").unwrap_or(0);
+        let bos = tokens
+            .iter()
+            .position(|t| t == "<|endoftext|>")
+            .unwrap_or(0);
         let pre = match self.arch {
             Architecture::Qwen2 => "qwen2",
             Architecture::Llama => "smollm",
@@ -186,7 +196,10 @@ impl TinyModel {
             (format!("{p}.context_length"), u(4096)),
             (format!("{p}.rope.dimension_count"), u(hd)),
             (format!("{p}.rope.freq_base"), Value::F32(10_000.0)),
-            (format!("{p}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+            (
+                format!("{p}.attention.layer_norm_rms_epsilon"),
+                Value::F32(1e-6),
+            ),
             ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
             ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
             ("tokenizer.ggml.tokens".into(), strs(&tokens)),
@@ -198,7 +211,10 @@ impl TinyModel {
             ("tokenizer.ggml.eos_token_id".into(), u(eos)),
             ("tokenizer.ggml.bos_token_id".into(), u(bos)),
             ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-            ("tokenizer.chat_template".into(), Value::String(CHATML_TEMPLATE.into())),
+            (
+                "tokenizer.chat_template".into(),
+                Value::String(CHATML_TEMPLATE.into()),
+            ),
         ];
         let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();

@@ -14,8 +14,8 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::{Prepend, Replace, NormalizerWrapper};
 use tokenizers::normalizers::unicode::NFC;
+use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
@@ -46,7 +46,14 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         let mut eos = Vec::new();
-        for name in ["<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<end_of_turn>", "<eos>"] {
+        for name in [
+            "<|im_end|>",
+            "<|endoftext|>",
+            "</s>",
+            "<|eot_id|>",
+            "<end_of_turn>",
+            "<eos>",
+        ] {
             if let Some(id) = inner.token_to_id(name) {
                 eos.push(id);
             }
@@ -95,11 +102,9 @@ impl Tokenizer {
                 };
                 sentencepiece_bpe(&tokens, &scores, &types)?
             }
-            other => {
-                return Err(Error::Tokenizer(format!(
-                    "GGUF tokenizer model `{other}` is not supported (supported: gpt2, llama, gemma)"
-                )))
-            }
+            other => return Err(Error::Tokenizer(format!(
+                "GGUF tokenizer model `{other}` is not supported (supported: gpt2, llama, gemma)"
+            ))),
         };
         // Control (3) and user-defined (4) tokens are matched before the model runs.
         let specials: Vec<AddedToken> = tokens
@@ -118,8 +123,16 @@ impl Tokenizer {
                 }
             }
         }
-        let add_bos = matches!(md(ct, "tokenizer.ggml.add_bos_token"), Ok(Value::Bool(true)));
-        Ok(Self::wrap(inner, eos, id("tokenizer.ggml.bos_token_id"), add_bos))
+        let add_bos = matches!(
+            md(ct, "tokenizer.ggml.add_bos_token"),
+            Ok(Value::Bool(true))
+        );
+        Ok(Self::wrap(
+            inner,
+            eos,
+            id("tokenizer.ggml.bos_token_id"),
+            add_bos,
+        ))
     }
 
     /// Encodes text; special-token strings in the text (e.g. `<|im_start|>`) become their ids.
@@ -160,7 +173,11 @@ impl Tokenizer {
     pub fn has_newline(&self, id: u32) -> bool {
         let table = self.newline.get_or_init(|| {
             (0..self.inner.get_vocab_size(true) as u32)
-                .map(|t| self.inner.decode(&[t], false).is_ok_and(|s| s.contains('\n')))
+                .map(|t| {
+                    self.inner
+                        .decode(&[t], false)
+                        .is_ok_and(|s| s.contains('\n'))
+                })
                 .collect()
         });
         table.get(id as usize).copied().unwrap_or(false)
@@ -178,10 +195,16 @@ fn string_array(ct: &Content, key: &str) -> Result<Vec<String>> {
             .iter()
             .map(|x| match x {
                 Value::String(s) => Ok(s.clone()),
-                other => Err(Error::metadata(key, format!("non-string element {other:?}"))),
+                other => Err(Error::metadata(
+                    key,
+                    format!("non-string element {other:?}"),
+                )),
             })
             .collect(),
-        other => Err(Error::metadata(key, format!("expected an array, got {other:?}"))),
+        other => Err(Error::metadata(
+            key,
+            format!("expected an array, got {other:?}"),
+        )),
     }
 }
 
@@ -196,7 +219,11 @@ fn split(regex: &str) -> Result<PreTokenizerWrapper> {
 }
 
 /// Byte-level BPE; `pre` selects the pre-tokenizer as llama.cpp's `tokenizer.ggml.pre` does.
-fn byte_level_bpe(tokens: &[String], merges: &[String], pre: &str) -> Result<tokenizers::Tokenizer> {
+fn byte_level_bpe(
+    tokens: &[String],
+    merges: &[String],
+    pre: &str,
+) -> Result<tokenizers::Tokenizer> {
     let vocab: tokenizers::models::bpe::Vocab = tokens
         .iter()
         .enumerate()
@@ -243,7 +270,11 @@ fn byte_level_bpe(tokens: &[String], merges: &[String], pre: &str) -> Result<tok
 
 /// SentencePiece vocabularies as BPE with byte fallback. Merges are derived from the vocab:
 /// every token that splits into two vocab tokens yields a merge, ranked by the token's score.
-fn sentencepiece_bpe(tokens: &[String], scores: &[f32], types: &[i32]) -> Result<tokenizers::Tokenizer> {
+fn sentencepiece_bpe(
+    tokens: &[String],
+    scores: &[f32],
+    types: &[i32],
+) -> Result<tokenizers::Tokenizer> {
     let vocab: tokenizers::models::bpe::Vocab = tokens
         .iter()
         .enumerate()
@@ -326,11 +357,32 @@ mod tests {
         let mut pre = tokenizers::PreTokenizedString::from("12345");
         use tokenizers::PreTokenizer;
         let sm = tiny("smollm");
-        sm.get_pre_tokenizer().unwrap().pre_tokenize(&mut pre).unwrap();
-        assert_eq!(pre.get_splits(tokenizers::OffsetReferential::Original, tokenizers::OffsetType::Byte).len(), 5);
+        sm.get_pre_tokenizer()
+            .unwrap()
+            .pre_tokenize(&mut pre)
+            .unwrap();
+        assert_eq!(
+            pre.get_splits(
+                tokenizers::OffsetReferential::Original,
+                tokenizers::OffsetType::Byte
+            )
+            .len(),
+            5
+        );
         let mut pre = tokenizers::PreTokenizedString::from("12345");
-        tiny("llama3").get_pre_tokenizer().unwrap().pre_tokenize(&mut pre).unwrap();
-        assert_eq!(pre.get_splits(tokenizers::OffsetReferential::Original, tokenizers::OffsetType::Byte).len(), 2);
+        tiny("llama3")
+            .get_pre_tokenizer()
+            .unwrap()
+            .pre_tokenize(&mut pre)
+            .unwrap();
+        assert_eq!(
+            pre.get_splits(
+                tokenizers::OffsetReferential::Original,
+                tokenizers::OffsetType::Byte
+            )
+            .len(),
+            2
+        );
     }
 
     #[test]
@@ -341,7 +393,21 @@ mod tests {
             tokens.push(format!("<0x{b:02X}>"));
             types.push(6);
         }
-        for p in ["\u{2581}", "h", "e", "l", "o", "w", "r", "d", "\u{2581}h", "el", "\u{2581}hel", "lo", "\u{2581}hello"] {
+        for p in [
+            "\u{2581}",
+            "h",
+            "e",
+            "l",
+            "o",
+            "w",
+            "r",
+            "d",
+            "\u{2581}h",
+            "el",
+            "\u{2581}hel",
+            "lo",
+            "\u{2581}hello",
+        ] {
             tokens.push(p.into());
             types.push(1);
         }
@@ -349,7 +415,11 @@ mod tests {
         let t = sentencepiece_bpe(&tokens, &scores, &types).unwrap();
         let enc = t.encode("hello world ü", false).unwrap();
         assert_eq!(enc.get_tokens()[0], "\u{2581}hello");
-        assert!(enc.get_tokens().iter().any(|s| s.starts_with("<0x")), "{:?}", enc.get_tokens());
+        assert!(
+            enc.get_tokens().iter().any(|s| s.starts_with("<0x")),
+            "{:?}",
+            enc.get_tokens()
+        );
         assert_eq!(t.decode(enc.get_ids(), false).unwrap(), "hello world ü");
     }
 }

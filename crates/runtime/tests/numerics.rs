@@ -40,7 +40,9 @@ fn write(spec: &TinyModel) -> R<(tempfile::TempDir, PathBuf)> {
 }
 
 fn tokens(n: usize, vocab: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + seed * 101 + 11) % vocab as u32).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % vocab as u32)
+        .collect()
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> R<f32> {
@@ -69,10 +71,14 @@ impl Reference {
         let arch = ct.metadata["general.architecture"].to_string()?.clone();
         Ok(match arch.as_str() {
             "llama" => Self::Llama(
-                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(ct, &mut f, dev)?,
+                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
+                    ct, &mut f, dev,
+                )?,
             ),
             _ => Self::Qwen2(
-                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, dev)?,
+                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
+                    ct, &mut f, dev,
+                )?,
             ),
         })
     }
@@ -102,9 +108,13 @@ fn check_reference(spec: TinyModel, dev: &Device) -> R<()> {
         let mut reference = Reference::load(&path, dev)?;
         let want = reference.forward(&toks[..len], 0, dev)?;
         let mut seq = ours.decoder.new_sequence();
-        let got = ours
-            .decoder
-            .forward(&mut [Row { seq: &mut seq, tokens: &toks[..len] }], LogitsAt::All)?;
+        let got = ours.decoder.forward(
+            &mut [Row {
+                seq: &mut seq,
+                tokens: &toks[..len],
+            }],
+            LogitsAt::All,
+        )?;
         let got = got[0].get(len - 1)?;
         let d = max_diff(&want, &got)?;
         assert!(d < TOL, "{:?} prefill len {len}: max diff {d}", spec.arch);
@@ -115,9 +125,13 @@ fn check_reference(spec: TinyModel, dev: &Device) -> R<()> {
     let mut seq = ours.decoder.prefill(&toks[..10], 4)?;
     for (i, &t) in toks[10..16].iter().enumerate() {
         let want = reference.forward(&[t], 10 + i, dev)?;
-        let got = ours
-            .decoder
-            .forward(&mut [Row { seq: &mut seq, tokens: &[t] }], LogitsAt::Last)?;
+        let got = ours.decoder.forward(
+            &mut [Row {
+                seq: &mut seq,
+                tokens: &[t],
+            }],
+            LogitsAt::Last,
+        )?;
         let d = max_diff(&want, &got[0])?;
         assert!(d < TOL, "{:?} decode step {i}: max diff {d}", spec.arch);
     }
@@ -151,8 +165,16 @@ fn reference_llama_f32_mha(dev: &Device) -> R<()> {
 }
 test_device!(reference_llama, reference_llama_cpu, reference_llama_cuda);
 test_device!(reference_qwen2, reference_qwen2_cpu, reference_qwen2_cuda);
-test_device!(reference_qwen2_kquant, reference_qwen2_kquant_cpu, reference_qwen2_kquant_cuda);
-test_device!(reference_llama_f32_mha, reference_llama_f32_mha_cpu, reference_llama_f32_mha_cuda);
+test_device!(
+    reference_qwen2_kquant,
+    reference_qwen2_kquant_cpu,
+    reference_qwen2_kquant_cuda
+);
+test_device!(
+    reference_llama_f32_mha,
+    reference_llama_f32_mha_cpu,
+    reference_llama_f32_mha_cuda
+);
 
 fn both_archs(dev: &Device, f: impl Fn(&Model, &Device) -> R<()>) -> R<()> {
     for arch in [Architecture::Llama, Architecture::Qwen2] {
@@ -167,17 +189,33 @@ fn prefix_fork_equals_full(dev: &Device) -> R<()> {
         let d = &m.decoder;
         let toks = tokens(30, d.config().vocab_size, 2);
         let mut full = d.new_sequence();
-        let want = d.forward(&mut [Row { seq: &mut full, tokens: &toks }], LogitsAt::All)?;
+        let want = d.forward(
+            &mut [Row {
+                seq: &mut full,
+                tokens: &toks,
+            }],
+            LogitsAt::All,
+        )?;
         let prefix = d.prefill(&toks[..18], 7)?.freeze()?;
         let mut seq = prefix.fork();
-        let got = d.forward(&mut [Row { seq: &mut seq, tokens: &toks[18..] }], LogitsAt::All)?;
+        let got = d.forward(
+            &mut [Row {
+                seq: &mut seq,
+                tokens: &toks[18..],
+            }],
+            LogitsAt::All,
+        )?;
         let diff = max_diff(&want[0].narrow(0, 18, 12)?, &got[0])?;
         assert!(diff < TOL, "prefix+fork vs full: {diff}");
         assert_eq!(seq.tokens(), toks);
         Ok(())
     })
 }
-test_device!(prefix_fork_equals_full, prefix_fork_equals_full_cpu, prefix_fork_equals_full_cuda);
+test_device!(
+    prefix_fork_equals_full,
+    prefix_fork_equals_full_cpu,
+    prefix_fork_equals_full_cuda
+);
 
 fn batched_equals_one_by_one(dev: &Device) -> R<()> {
     both_archs(dev, |m, _| {
@@ -194,7 +232,11 @@ fn batched_equals_one_by_one(dev: &Device) -> R<()> {
             (false, tokens(4, v, 11), tokens(2, v, 12)),
         ];
         let mk = |(with_prefix, old, _): &(bool, Vec<u32>, Vec<u32>)| -> R<_> {
-            let mut s = if *with_prefix { prefix.fork() } else { d.new_sequence() };
+            let mut s = if *with_prefix {
+                prefix.fork()
+            } else {
+                d.new_sequence()
+            };
             if !old.is_empty() {
                 d.extend(&mut s, old, 64)?;
             }
@@ -204,13 +246,25 @@ fn batched_equals_one_by_one(dev: &Device) -> R<()> {
             let mut singles = Vec::new();
             for st in &setups {
                 let mut s = mk(st)?;
-                singles.push(d.forward(&mut [Row { seq: &mut s, tokens: &st.2 }], at)?.remove(0));
+                singles.push(
+                    d.forward(
+                        &mut [Row {
+                            seq: &mut s,
+                            tokens: &st.2,
+                        }],
+                        at,
+                    )?
+                    .remove(0),
+                );
             }
             let mut seqs: Vec<_> = setups.iter().map(mk).collect::<R<_>>()?;
             let mut rows: Vec<Row<'_>> = seqs
                 .iter_mut()
                 .zip(&setups)
-                .map(|(s, st)| Row { seq: s, tokens: &st.2 })
+                .map(|(s, st)| Row {
+                    seq: s,
+                    tokens: &st.2,
+                })
                 .collect();
             let batched = d.forward(&mut rows, at)?;
             for (i, (a, b)) in singles.iter().zip(&batched).enumerate() {
@@ -225,7 +279,11 @@ fn batched_equals_one_by_one(dev: &Device) -> R<()> {
         Ok(())
     })
 }
-test_device!(batched_equals_one_by_one, batched_equals_one_by_one_cpu, batched_equals_one_by_one_cuda);
+test_device!(
+    batched_equals_one_by_one,
+    batched_equals_one_by_one_cpu,
+    batched_equals_one_by_one_cuda
+);
 
 fn rollback_then_extend_equals_fresh(dev: &Device) -> R<()> {
     both_archs(dev, |m, _| {
@@ -239,17 +297,33 @@ fn rollback_then_extend_equals_fresh(dev: &Device) -> R<()> {
         d.extend(&mut s, &a, 64)?;
         d.extend(&mut s, &wrong, 64)?;
         s.truncate(12 + 6)?;
-        let got = d.forward(&mut [Row { seq: &mut s, tokens: &right }], LogitsAt::All)?;
+        let got = d.forward(
+            &mut [Row {
+                seq: &mut s,
+                tokens: &right,
+            }],
+            LogitsAt::All,
+        )?;
         let mut fresh = prefix.fork();
         d.extend(&mut fresh, &a, 64)?;
-        let want = d.forward(&mut [Row { seq: &mut fresh, tokens: &right }], LogitsAt::All)?;
+        let want = d.forward(
+            &mut [Row {
+                seq: &mut fresh,
+                tokens: &right,
+            }],
+            LogitsAt::All,
+        )?;
         let diff = max_diff(&want[0], &got[0])?;
         assert!(diff < TOL, "rollback: {diff}");
         assert_eq!(s.tokens(), fresh.tokens());
         Ok(())
     })
 }
-test_device!(rollback_then_extend_equals_fresh, rollback_cpu, rollback_cuda);
+test_device!(
+    rollback_then_extend_equals_fresh,
+    rollback_cpu,
+    rollback_cuda
+);
 
 fn fork_does_not_copy_prefix(dev: &Device) -> R<()> {
     both_archs(dev, |m, _| {
@@ -259,7 +333,9 @@ fn fork_does_not_copy_prefix(dev: &Device) -> R<()> {
         let k_id = prefix.layer(0).unwrap().k.id();
         let forks: Vec<_> = (0..100).map(|_| prefix.fork()).collect();
         assert_eq!(std::sync::Arc::strong_count(&prefix), 101);
-        assert!(forks.iter().all(|f| std::sync::Arc::ptr_eq(f.prefix().unwrap(), &prefix)));
+        assert!(forks
+            .iter()
+            .all(|f| std::sync::Arc::ptr_eq(f.prefix().unwrap(), &prefix)));
         assert!(forks.iter().all(|f| f.suffix_kv_bytes() == 0));
         // Extending forks leaves the prefix storage untouched and adds only suffix bytes.
         let mut a = prefix.fork();
@@ -276,7 +352,11 @@ fn fork_does_not_copy_prefix(dev: &Device) -> R<()> {
         Ok(())
     })
 }
-test_device!(fork_does_not_copy_prefix, fork_no_copy_cpu, fork_no_copy_cuda);
+test_device!(
+    fork_does_not_copy_prefix,
+    fork_no_copy_cpu,
+    fork_no_copy_cuda
+);
 
 fn slow_quant_conversion(dev: &Device) -> R<()> {
     let spec = TinyModel {
@@ -290,9 +370,20 @@ fn slow_quant_conversion(dev: &Device) -> R<()> {
     let run = |opts: LoadOptions| -> R<Tensor> {
         let m = load(&path, dev, opts)?;
         let mut s = m.decoder.new_sequence();
-        Ok(m.decoder.forward(&mut [Row { seq: &mut s, tokens: &toks }], LogitsAt::Last)?.remove(0))
+        Ok(m.decoder
+            .forward(
+                &mut [Row {
+                    seq: &mut s,
+                    tokens: &toks,
+                }],
+                LogitsAt::Last,
+            )?
+            .remove(0))
     };
-    let native = run(LoadOptions { convert_slow_quants: false, ..Default::default() })?;
+    let native = run(LoadOptions {
+        convert_slow_quants: false,
+        ..Default::default()
+    })?;
     assert!(max_diff(&want, &native)? < TOL);
     let converted = run(LoadOptions::default())?;
     let e = rel_l2(&want, &converted)?;
@@ -300,19 +391,42 @@ fn slow_quant_conversion(dev: &Device) -> R<()> {
     assert!(e > 0.0, "conversion did not happen");
     Ok(())
 }
-test_device!(slow_quant_conversion, slow_quant_conversion_cpu, slow_quant_conversion_cuda);
+test_device!(
+    slow_quant_conversion,
+    slow_quant_conversion_cpu,
+    slow_quant_conversion_cuda
+);
 
 fn dense_path_close_to_quantized(dev: &Device) -> R<()> {
     let (_d, path) = write(&TinyModel::new(Architecture::Qwen2))?;
     let toks = tokens(20, 269, 21);
     let q = load(&path, dev, LoadOptions::default())?;
-    let dz = load(&path, dev, LoadOptions { dense: DenseMode::On { min_rows: 8 }, ..Default::default() })?;
+    let dz = load(
+        &path,
+        dev,
+        LoadOptions {
+            dense: DenseMode::On { min_rows: 8 },
+            ..Default::default()
+        },
+    )?;
     assert_eq!(q.decoder.dense_bytes(), 0);
     assert!(dz.decoder.dense_bytes() > 0);
     let mut a = q.decoder.new_sequence();
     let mut b = dz.decoder.new_sequence();
-    let la = q.decoder.forward(&mut [Row { seq: &mut a, tokens: &toks }], LogitsAt::All)?;
-    let lb = dz.decoder.forward(&mut [Row { seq: &mut b, tokens: &toks }], LogitsAt::All)?;
+    let la = q.decoder.forward(
+        &mut [Row {
+            seq: &mut a,
+            tokens: &toks,
+        }],
+        LogitsAt::All,
+    )?;
+    let lb = dz.decoder.forward(
+        &mut [Row {
+            seq: &mut b,
+            tokens: &toks,
+        }],
+        LogitsAt::All,
+    )?;
     let e = rel_l2(&la[0], &lb[0])?;
     assert!(e < 0.03, "dense vs quantized relative error {e}");
     Ok(())
@@ -325,9 +439,25 @@ fn bad_requests_are_errors() -> R<()> {
     let m = load(&path, &Device::Cpu, LoadOptions::default())?;
     let d = &m.decoder;
     let mut s = d.new_sequence();
-    let e = d.forward(&mut [Row { seq: &mut s, tokens: &[] }], LogitsAt::Last).unwrap_err();
+    let e = d
+        .forward(
+            &mut [Row {
+                seq: &mut s,
+                tokens: &[],
+            }],
+            LogitsAt::Last,
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("no new tokens"), "{e}");
-    let e = d.forward(&mut [Row { seq: &mut s, tokens: &[100_000] }], LogitsAt::Last).unwrap_err();
+    let e = d
+        .forward(
+            &mut [Row {
+                seq: &mut s,
+                tokens: &[100_000],
+            }],
+            LogitsAt::Last,
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("outside the vocabulary"), "{e}");
     assert_eq!(s.len(), 0, "a failed forward leaves the sequence unchanged");
     let long = vec![1u32; 4097];
@@ -342,15 +472,26 @@ fn corrupt_and_truncated_files_are_named() -> R<()> {
     let bytes = std::fs::read(&path)?;
     let trunc = dir.path().join("trunc.gguf");
     std::fs::write(&trunc, &bytes[..bytes.len() / 2])?;
-    let e = Model::load(&trunc, &Device::Cpu, LoadOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("trunc.gguf") && e.contains("not a valid GGUF"), "{e}");
-    let junk = dir.path().join("junk.gguf");
-    std::fs::write(&junk, b"definitely not gguf")?;
-    let e = Model::load(&junk, &Device::Cpu, LoadOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("junk.gguf"), "{e}");
-    let e = Model::load(&dir.path().join("missing.gguf"), &Device::Cpu, LoadOptions::default())
+    let e = Model::load(&trunc, &Device::Cpu, LoadOptions::default())
         .unwrap_err()
         .to_string();
+    assert!(
+        e.contains("trunc.gguf") && e.contains("not a valid GGUF"),
+        "{e}"
+    );
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"definitely not gguf")?;
+    let e = Model::load(&junk, &Device::Cpu, LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("junk.gguf"), "{e}");
+    let e = Model::load(
+        &dir.path().join("missing.gguf"),
+        &Device::Cpu,
+        LoadOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("missing.gguf"), "{e}");
     Ok(())
 }

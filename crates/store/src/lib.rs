@@ -143,7 +143,8 @@ pub enum Progress {
     },
 }
 
-/// How pip is invoked (the interpreter, and extra arguments such as `--no-index`).
+/// How pip is invoked: the interpreter (`SPECCOMPACT_PYTHON`, default `python3`) and extra
+/// arguments for `pip download` (`SPECCOMPACT_PIP_ARGS`, e.g. `--no-index --find-links DIR`).
 #[derive(Debug, Clone)]
 pub struct PipCommand {
     /// Python interpreter.
@@ -155,10 +156,10 @@ pub struct PipCommand {
 impl Default for PipCommand {
     fn default() -> Self {
         let python = std::env::var("SPECCOMPACT_PYTHON").unwrap_or_else(|_| "python3".into());
-        Self {
-            python,
-            extra_args: Vec::new(),
-        }
+        let extra_args = std::env::var("SPECCOMPACT_PIP_ARGS")
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        Self { python, extra_args }
     }
 }
 
@@ -286,7 +287,11 @@ impl Store {
 
     /// A model argument: an existing file path is used as is; otherwise it is a store name,
     /// fetched if needed.
-    pub fn resolve(&self, name_or_path: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf> {
+    pub fn resolve(
+        &self,
+        name_or_path: &str,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PathBuf> {
         let p = Path::new(name_or_path);
         if p.is_file() {
             return Ok(p.to_path_buf());

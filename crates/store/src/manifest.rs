@@ -73,8 +73,16 @@ impl Manifest {
             file: file.to_string(),
             reason,
         };
-        if m.sha256.len() != 64 || !m.sha256.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()) {
-            return Err(bad(format!("sha256 `{}` is not 64 lowercase hex digits", m.sha256)));
+        if m.sha256.len() != 64
+            || !m
+                .sha256
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        {
+            return Err(bad(format!(
+                "sha256 `{}` is not 64 lowercase hex digits",
+                m.sha256
+            )));
         }
         if m.file.contains('/') || m.file.contains("..") || m.file.is_empty() {
             return Err(bad(format!("file `{}` must be a plain file name", m.file)));
@@ -96,10 +104,17 @@ mod tests {
     fn builtin_manifests_parse() {
         let all = crate::Store::builtin().unwrap();
         let names: Vec<_> = all.iter().map(|m| m.name.as_str()).collect();
-        for n in ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"] {
+        for n in [
+            "smollm2-135m-instruct",
+            "qwen2.5-coder-0.5b-instruct",
+            "qwen2.5-coder-1.5b-instruct",
+        ] {
             assert!(names.contains(&n), "{names:?}");
         }
-        let q = all.iter().find(|m| m.name == "qwen2.5-coder-1.5b-instruct").unwrap();
+        let q = all
+            .iter()
+            .find(|m| m.name == "qwen2.5-coder-1.5b-instruct")
+            .unwrap();
         match &q.source {
             Source::Pypi { parts } => {
                 assert_eq!(parts.len(), 22);
@@ -111,7 +126,9 @@ mod tests {
 
     #[test]
     fn bad_manifests_are_named() {
-        let e = Manifest::parse("name = 1", "x.toml").unwrap_err().to_string();
+        let e = Manifest::parse("name = 1", "x.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("x.toml"), "{e}");
         let text = r#"name = "a"
 architecture = "llama"

