@@ -102,9 +102,11 @@ impl Tokenizer {
                 };
                 sentencepiece_bpe(&tokens, &scores, &types)?
             }
-            other => return Err(Error::Tokenizer(format!(
+            other => {
+                return Err(Error::Tokenizer(format!(
                 "GGUF tokenizer model `{other}` is not supported (supported: gpt2, llama, gemma)"
-            ))),
+            )))
+            }
         };
         // Control (3) and user-defined (4) tokens are matched before the model runs.
         let specials: Vec<AddedToken> = tokens
@@ -218,17 +220,22 @@ fn split(regex: &str) -> Result<PreTokenizerWrapper> {
     .into())
 }
 
+/// Token string to id, in vocabulary order.
+fn vocab_of(tokens: &[String]) -> tokenizers::models::bpe::Vocab {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect()
+}
+
 /// Byte-level BPE; `pre` selects the pre-tokenizer as llama.cpp's `tokenizer.ggml.pre` does.
 fn byte_level_bpe(
     tokens: &[String],
     merges: &[String],
     pre: &str,
 ) -> Result<tokenizers::Tokenizer> {
-    let vocab: tokenizers::models::bpe::Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
+    let vocab = vocab_of(tokens);
     let merges = merges
         .iter()
         .map(|m| {
@@ -275,11 +282,7 @@ fn sentencepiece_bpe(
     scores: &[f32],
     types: &[i32],
 ) -> Result<tokenizers::Tokenizer> {
-    let vocab: tokenizers::models::bpe::Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
+    let vocab = vocab_of(tokens);
     let mut ranked: Vec<(f32, u32, (String, String))> = Vec::new();
     for (id, tok) in tokens.iter().enumerate() {
         if types.get(id).copied().unwrap_or(1) != 1 {
@@ -349,40 +352,29 @@ mod tests {
         }
     }
 
-    #[test]
-    fn pre_tokenizers_differ_on_digits() {
-        let count = |pre: &str| tiny(pre).encode("12345", false).unwrap().len();
-        // No merges cover digits, so every rule gives five byte tokens; the splits differ.
-        assert_eq!(count("qwen2"), 5);
-        let mut pre = tokenizers::PreTokenizedString::from("12345");
+    fn splits(pre: &str, text: &str) -> usize {
         use tokenizers::PreTokenizer;
-        let sm = tiny("smollm");
-        sm.get_pre_tokenizer()
-            .unwrap()
-            .pre_tokenize(&mut pre)
-            .unwrap();
-        assert_eq!(
-            pre.get_splits(
-                tokenizers::OffsetReferential::Original,
-                tokenizers::OffsetType::Byte
-            )
-            .len(),
-            5
-        );
-        let mut pre = tokenizers::PreTokenizedString::from("12345");
-        tiny("llama3")
+        let mut p = tokenizers::PreTokenizedString::from(text);
+        tiny(pre)
             .get_pre_tokenizer()
             .unwrap()
-            .pre_tokenize(&mut pre)
+            .pre_tokenize(&mut p)
             .unwrap();
-        assert_eq!(
-            pre.get_splits(
-                tokenizers::OffsetReferential::Original,
-                tokenizers::OffsetType::Byte
-            )
-            .len(),
-            2
-        );
+        p.get_splits(
+            tokenizers::OffsetReferential::Original,
+            tokenizers::OffsetType::Byte,
+        )
+        .len()
+    }
+
+    #[test]
+    fn pre_tokenizers_differ_on_digits() {
+        // No merges cover digits, so every rule gives five byte tokens; the splits differ.
+        assert_eq!(tiny("qwen2").encode("12345", false).unwrap().len(), 5);
+        assert_eq!(splits("qwen2", "12345"), 5);
+        assert_eq!(splits("smollm", "12345"), 5);
+        assert_eq!(splits("llama3", "12345"), 2);
+        assert_eq!(splits("gpt2", "12345"), 1);
     }
 
     #[test]

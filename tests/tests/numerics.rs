@@ -9,11 +9,12 @@
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
+use speccompact_bench::Reference;
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{Architecture, DenseMode, LoadOptions, LogitsAt, Model, Row};
 use std::path::PathBuf;
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
+type R<T> = anyhow::Result<T>;
 
 const TOL: f32 = 1e-4;
 
@@ -59,41 +60,6 @@ fn rel_l2(a: &Tensor, b: &Tensor) -> R<f32> {
     Ok((num / den).sqrt())
 }
 
-enum Reference {
-    Llama(candle_transformers::models::quantized_llama::ModelWeights),
-    Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
-}
-
-impl Reference {
-    fn load(path: &PathBuf, dev: &Device) -> R<Self> {
-        let mut f = std::fs::File::open(path)?;
-        let ct = candle_core::quantized::gguf_file::Content::read(&mut f)?;
-        let arch = ct.metadata["general.architecture"].to_string()?.clone();
-        Ok(match arch.as_str() {
-            "llama" => Self::Llama(
-                candle_transformers::models::quantized_llama::ModelWeights::from_gguf(
-                    ct, &mut f, dev,
-                )?,
-            ),
-            _ => Self::Qwen2(
-                candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(
-                    ct, &mut f, dev,
-                )?,
-            ),
-        })
-    }
-
-    /// Logits of the last position after feeding `toks` from position `pos`.
-    fn forward(&mut self, toks: &[u32], pos: usize, dev: &Device) -> R<Tensor> {
-        let x = Tensor::new(toks, dev)?.unsqueeze(0)?;
-        Ok(match self {
-            Self::Llama(m) => m.forward(&x, pos)?,
-            Self::Qwen2(m) => m.forward(&x, pos)?,
-        }
-        .flatten_all()?)
-    }
-}
-
 fn load(path: &PathBuf, dev: &Device, opts: LoadOptions) -> R<Model> {
     Ok(Model::load(path, dev, opts)?)
 }
@@ -106,7 +72,7 @@ fn check_reference(spec: TinyModel, dev: &Device) -> R<()> {
     // Prefill of several lengths.
     for len in [1usize, 6, 23] {
         let mut reference = Reference::load(&path, dev)?;
-        let want = reference.forward(&toks[..len], 0, dev)?;
+        let want = reference.forward(&toks[..len], 0, dev)?.flatten_all()?;
         let mut seq = ours.decoder.new_sequence();
         let got = ours.decoder.forward(
             &mut [Row {
@@ -124,7 +90,7 @@ fn check_reference(spec: TinyModel, dev: &Device) -> R<()> {
     reference.forward(&toks[..10], 0, dev)?;
     let mut seq = ours.decoder.prefill(&toks[..10], 4)?;
     for (i, &t) in toks[10..16].iter().enumerate() {
-        let want = reference.forward(&[t], 10 + i, dev)?;
+        let want = reference.forward(&[t], 10 + i, dev)?.flatten_all()?;
         let got = ours.decoder.forward(
             &mut [Row {
                 seq: &mut seq,
@@ -366,7 +332,7 @@ fn slow_quant_conversion(dev: &Device) -> R<()> {
     let (_d, path) = write(&spec)?;
     let toks = tokens(12, 269, 20);
     let mut reference = Reference::load(&path, dev)?;
-    let want = reference.forward(&toks, 0, dev)?;
+    let want = reference.forward(&toks, 0, dev)?.flatten_all()?;
     let run = |opts: LoadOptions| -> R<Tensor> {
         let m = load(&path, dev, opts)?;
         let mut s = m.decoder.new_sequence();
