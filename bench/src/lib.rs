@@ -11,6 +11,8 @@ pub enum Reference {
     Llama(candle_transformers::models::quantized_llama::ModelWeights),
     /// `quantized_qwen2`.
     Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
+    /// `quantized_qwen3`.
+    Qwen3(candle_transformers::models::quantized_qwen3::ModelWeights),
 }
 
 impl Reference {
@@ -30,6 +32,13 @@ impl Reference {
                     ct, &mut f, dev,
                 )?,
             ),
+            "qwen3" => Self::Qwen3(
+                candle_transformers::models::quantized_qwen3::ModelWeights::from_gguf(
+                    ct, &mut f, dev,
+                )?,
+            ),
+            // candle-transformers' quantized gemma3 uses SiLU instead of GELU and ignores the
+            // window when decoding; gemma3 GGUF is checked against its safetensors form.
             other => anyhow::bail!("no reference for architecture {other}"),
         })
     }
@@ -40,7 +49,74 @@ impl Reference {
         Ok(match self {
             Self::Llama(m) => m.forward(&x, pos)?,
             Self::Qwen2(m) => m.forward(&x, pos)?,
+            Self::Qwen3(m) => m.forward(&x, pos)?,
         })
+    }
+}
+
+/// candle-transformers' dense implementations of a Hugging Face folder (config.json +
+/// safetensors), used as the reference for the safetensors path.
+pub enum HfReference {
+    /// `llama`.
+    Llama(
+        candle_transformers::models::llama::Llama,
+        candle_transformers::models::llama::Cache,
+    ),
+    /// `qwen2`.
+    Qwen2(candle_transformers::models::qwen2::ModelForCausalLM),
+    /// `qwen3`.
+    Qwen3(candle_transformers::models::qwen3::ModelForCausalLM),
+    /// `gemma3`.
+    Gemma3(candle_transformers::models::gemma3::Model),
+}
+
+impl HfReference {
+    /// Loads the reference for the folder's `model_type`.
+    pub fn load(dir: &Path, dev: &Device) -> Result<Self> {
+        use candle_transformers::models as m;
+        let text = std::fs::read_to_string(dir.join("config.json"))?;
+        let v: serde_json::Value = serde_json::from_str(&text)?;
+        let files = speccompact_runtime::weights::safetensors_files(dir)?;
+        let vb = unsafe {
+            candle_nn::VarBuilder::from_mmaped_safetensors(&files, candle_core::DType::F32, dev)?
+        };
+        Ok(match v["model_type"].as_str().unwrap_or("") {
+            "llama" => {
+                let cfg: m::llama::LlamaConfig = serde_json::from_str(&text)?;
+                let cfg = cfg.into_config(false);
+                let cache = m::llama::Cache::new(true, candle_core::DType::F32, &cfg, dev)?;
+                Self::Llama(m::llama::Llama::load(vb, &cfg)?, cache)
+            }
+            "qwen2" => Self::Qwen2(m::qwen2::ModelForCausalLM::new(
+                &serde_json::from_str(&text)?,
+                vb,
+            )?),
+            "qwen3" => Self::Qwen3(m::qwen3::ModelForCausalLM::new(
+                &serde_json::from_str(&text)?,
+                vb,
+            )?),
+            "gemma3_text" | "gemma3" => Self::Gemma3(m::gemma3::Model::new(
+                false,
+                &serde_json::from_str(&text)?,
+                vb,
+            )?),
+            other => anyhow::bail!("no reference for model_type {other}"),
+        })
+    }
+
+    /// Forward of `toks` at position `pos`; returns last-position logits (flattened).
+    pub fn forward(&mut self, toks: &[u32], pos: usize, dev: &Device) -> Result<Tensor> {
+        let x = Tensor::new(toks, dev)?.unsqueeze(0)?;
+        let out = match self {
+            Self::Llama(m, cache) => m.forward(&x, pos, cache)?,
+            Self::Qwen2(m) => m.forward(&x, pos)?,
+            Self::Qwen3(m) => m.forward(&x, pos)?,
+            Self::Gemma3(m) => m.forward(&x, pos)?,
+        };
+        let vocab = out.dim(candle_core::D::Minus1)?;
+        let flat = out.flatten_all()?;
+        let n = flat.dim(0)?;
+        Ok(flat.narrow(0, n - vocab, vocab)?)
     }
 }
 

@@ -142,8 +142,15 @@ test_device!(
     reference_llama_f32_mha_cuda
 );
 
-fn both_archs(dev: &Device, f: impl Fn(&Model, &Device) -> R<()>) -> R<()> {
-    for arch in [Architecture::Llama, Architecture::Qwen2] {
+/// Runs `f` on a tiny GGUF model of every architecture (gemma3 with a window of 8, so the
+/// longer sequences below cross it).
+fn all_archs(dev: &Device, f: impl Fn(&Model, &Device) -> R<()>) -> R<()> {
+    for arch in [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ] {
         let (_d, path) = write(&TinyModel::new(arch))?;
         f(&load(&path, dev, LoadOptions::default())?, dev)?;
     }
@@ -151,7 +158,7 @@ fn both_archs(dev: &Device, f: impl Fn(&Model, &Device) -> R<()>) -> R<()> {
 }
 
 fn prefix_fork_equals_full(dev: &Device) -> R<()> {
-    both_archs(dev, |m, _| {
+    all_archs(dev, |m, _| {
         let d = &m.decoder;
         let toks = tokens(30, d.config().vocab_size, 2);
         let mut full = d.new_sequence();
@@ -184,7 +191,7 @@ test_device!(
 );
 
 fn batched_equals_one_by_one(dev: &Device) -> R<()> {
-    both_archs(dev, |m, _| {
+    all_archs(dev, |m, _| {
         let d = &m.decoder;
         let v = d.config().vocab_size;
         let prefix = d.prefill(&tokens(40, v, 3), 16)?.freeze()?;
@@ -252,7 +259,7 @@ test_device!(
 );
 
 fn rollback_then_extend_equals_fresh(dev: &Device) -> R<()> {
-    both_archs(dev, |m, _| {
+    all_archs(dev, |m, _| {
         let d = &m.decoder;
         let v = d.config().vocab_size;
         let prefix = d.prefill(&tokens(12, v, 13), 64)?.freeze()?;
@@ -292,7 +299,7 @@ test_device!(
 );
 
 fn fork_does_not_copy_prefix(dev: &Device) -> R<()> {
-    both_archs(dev, |m, _| {
+    all_archs(dev, |m, _| {
         let d = &m.decoder;
         let v = d.config().vocab_size;
         let prefix = d.prefill(&tokens(64, v, 17), 64)?.freeze()?;

@@ -6,13 +6,15 @@
 //! repeated per row) and against each row's own suffix (padded to the longest row).
 
 use crate::cache::{LayerKv, Sequence};
-use crate::config::{ModelConfig, RopeStyle};
-use crate::linear::{convert_slow, dense_f32, DenseMode, Linear};
+use crate::config::{Activation, ModelConfig, RopeStyle};
+use crate::linear::{convert_slow, DenseMode, Linear};
+use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use std::io::{Read, Seek};
+use std::path::Path;
 use std::sync::Arc;
 
 /// How weights are prepared at load.
@@ -59,7 +61,11 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
+        Ok(candle_nn::ops::rms_norm(
+            &x.contiguous()?,
+            &self.weight,
+            self.eps,
+        )?)
     }
 }
 
@@ -69,83 +75,109 @@ struct Block {
     wq: Linear,
     wk: Linear,
     wv: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     wo: Linear,
+    post_attn_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
+    post_ffn_norm: Option<RmsNorm>,
     gate: Linear,
     up: Linear,
     down: Linear,
+    /// Index into the decoder's rope tables.
+    rope: usize,
+    sliding: bool,
 }
 
-/// A decoder-only transformer with quantized weights.
+#[derive(Debug, Clone)]
+enum Embedding {
+    Quant(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+impl Embedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Embedding::Quant(q) => q.embedding(ids)?,
+            Embedding::Dense(t) => t.index_select(ids, 0)?,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// A decoder-only transformer (llama, qwen2, qwen3, gemma3) with quantized or dense weights.
 #[derive(Debug, Clone)]
 pub struct Decoder {
     cfg: ModelConfig,
-    embed: Arc<QTensor>,
+    embed: Embedding,
     blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
-    cos: Tensor,
-    sin: Tensor,
+    ropes: Vec<Rope>,
+    max_positions: usize,
     device: Device,
 }
 
-struct GgufReader<'a, R> {
-    ct: &'a Content,
-    r: &'a mut R,
-    device: &'a Device,
+struct Loader<'a> {
+    src: &'a mut dyn WeightSource,
     opts: LoadOptions,
 }
 
-impl<R: Read + Seek> GgufReader<'_, R> {
-    fn qtensor(&mut self, name: &str) -> Result<QTensor> {
-        if !self.ct.tensor_infos.contains_key(name) {
-            return Err(Error::weight(name, "not present in the file"));
-        }
-        self.ct
-            .tensor(self.r, name, self.device)
-            .map_err(|e| Error::weight(name, e))
+impl Loader<'_> {
+    fn require(&mut self, p: Param) -> Result<Weight> {
+        self.src
+            .get(p)?
+            .ok_or_else(|| Error::weight(&p.gguf_name(), "not present in the file"))
     }
 
-    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Arc<QTensor>> {
-        let q = self.qtensor(name)?;
-        if q.shape().dims() != [rows, cols] {
+    fn matrix(&mut self, p: Param, rows: usize, cols: usize) -> Result<Weight> {
+        let w = self.require(p)?;
+        if w.dims() != [rows, cols] {
             return Err(Error::weight(
-                name,
-                format!("shape {:?}, expected [{rows}, {cols}]", q.shape().dims()),
+                &p.gguf_name(),
+                format!("shape {:?}, expected [{rows}, {cols}]", w.dims()),
             ));
         }
-        let q = if self.opts.convert_slow_quants {
-            convert_slow(q)?
-        } else {
-            q
-        };
-        Ok(Arc::new(q))
+        Ok(match w {
+            Weight::Quant(q) if self.opts.convert_slow_quants => Weight::Quant(convert_slow(q)?),
+            other => other,
+        })
     }
 
-    fn vector(&mut self, name: &str, len: usize) -> Result<Tensor> {
-        let q = self.qtensor(name)?;
-        if q.shape().elem_count() != len {
+    fn vector(&mut self, p: Param, len: usize) -> Result<Tensor> {
+        let w = self.require(p)?;
+        if w.dims().iter().product::<usize>() != len {
             return Err(Error::weight(
-                name,
-                format!("shape {:?}, expected [{len}]", q.shape().dims()),
+                &p.gguf_name(),
+                format!("shape {:?}, expected [{len}]", w.dims()),
             ));
         }
-        dense_f32(&q)?.reshape(len).map_err(Into::into)
+        w.to_f32()?.reshape(len).map_err(Into::into)
     }
 
-    fn linear(&mut self, name: &str, rows: usize, cols: usize, bias: bool) -> Result<Linear> {
-        let w = self.matrix(&format!("{name}.weight"), rows, cols)?;
-        let b = if bias {
-            Some(self.vector(&format!("{name}.bias"), rows)?)
-        } else {
-            None
+    fn linear(
+        &mut self,
+        p: Param,
+        bias: Option<Param>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Linear> {
+        let w = self.matrix(p, rows, cols)?;
+        let b = match bias {
+            Some(b) => Some(self.vector(b, rows)?),
+            None => None,
         };
-        Linear::new(w, b, self.opts.dense)
+        Linear::from_weight(w, b, self.opts.dense)
     }
 
-    fn norm(&mut self, name: &str, len: usize, eps: f64) -> Result<RmsNorm> {
+    fn norm(&mut self, p: Param, len: usize, eps: f64) -> Result<RmsNorm> {
         Ok(RmsNorm {
-            weight: self.vector(name, len)?,
+            weight: self.vector(p, len)?,
             eps: eps as f32,
         })
     }
@@ -159,60 +191,86 @@ impl Decoder {
         device: &Device,
         opts: LoadOptions,
     ) -> Result<Self> {
-        let cfg = ModelConfig::from_gguf(ct)?;
-        let mut g = GgufReader {
-            ct,
-            r: reader,
-            device,
-            opts,
-        };
+        let mut src = GgufWeights::new(ct, reader, device)?;
+        Self::from_source(&mut src, device, opts)
+    }
+
+    /// Builds the decoder from a Hugging Face model folder (config.json + safetensors).
+    pub fn from_safetensors(dir: &Path, device: &Device, opts: LoadOptions) -> Result<Self> {
+        let mut src = SafetensorsWeights::open(dir, device)?;
+        Self::from_source(&mut src, device, opts)
+    }
+
+    /// Builds the decoder from any weight source.
+    pub fn from_source(
+        src: &mut dyn WeightSource,
+        device: &Device,
+        opts: LoadOptions,
+    ) -> Result<Self> {
+        let cfg = src.config().clone();
+        let mut g = Loader { src, opts };
         let h = cfg.hidden_size;
         let q_dim = cfg.num_heads * cfg.head_dim;
         let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-        let embed = g.qtensor("token_embd.weight")?;
-        if embed.shape().dims() != [cfg.vocab_size, h] {
-            return Err(Error::weight(
-                "token_embd.weight",
-                format!("shape {:?}, expected [vocab, {h}]", embed.shape().dims()),
-            ));
-        }
-        let embed = Arc::new(if opts.convert_slow_quants {
-            convert_slow(embed)?
-        } else {
-            embed
-        });
-        let lm_head = if ct.tensor_infos.contains_key("output.weight") {
-            g.linear("output", cfg.vocab_size, h, false)?
-        } else {
+        let eps = cfg.rms_norm_eps;
+        let embed_w = g.matrix(Param::Embed, cfg.vocab_size, h)?;
+        let lm_head = match g.src.get(Param::Output)? {
+            Some(_) => g.linear(Param::Output, None, cfg.vocab_size, h)?,
             // Tied embeddings: the output projection shares the embedding's storage.
-            Linear::new(embed.clone(), None, opts.dense)?
+            None => Linear::from_weight(embed_w.clone(), None, opts.dense)?,
         };
+        let embed = match embed_w {
+            Weight::Quant(q) => Embedding::Quant(q),
+            Weight::Dense(t) => Embedding::Dense(t),
+        };
+        let mut ropes = vec![rope_table(&cfg, cfg.rope_theta, cfg.rope_scale, device)?];
+        if cfg.sliding_window.is_some() {
+            ropes.push(rope_table(&cfg, cfg.rope_theta_local, 1.0, device)?);
+        }
+        let bias = |p: Param| cfg.qkv_bias.then_some(p);
         let mut blocks = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
-            let p = format!("blk.{i}");
-            let ffn = g.qtensor(&format!("{p}.ffn_up.weight"))?.shape().dims()[0];
+            let ffn = cfg.intermediate_size;
+            let sliding = cfg.is_sliding(i);
             blocks.push(Block {
-                attn_norm: g.norm(&format!("{p}.attn_norm.weight"), h, cfg.rms_norm_eps)?,
-                wq: g.linear(&format!("{p}.attn_q"), q_dim, h, cfg.qkv_bias)?,
-                wk: g.linear(&format!("{p}.attn_k"), kv_dim, h, cfg.qkv_bias)?,
-                wv: g.linear(&format!("{p}.attn_v"), kv_dim, h, cfg.qkv_bias)?,
-                wo: g.linear(&format!("{p}.attn_output"), h, q_dim, false)?,
-                ffn_norm: g.norm(&format!("{p}.ffn_norm.weight"), h, cfg.rms_norm_eps)?,
-                gate: g.linear(&format!("{p}.ffn_gate"), ffn, h, false)?,
-                up: g.linear(&format!("{p}.ffn_up"), ffn, h, false)?,
-                down: g.linear(&format!("{p}.ffn_down"), h, ffn, false)?,
+                attn_norm: g.norm(Param::AttnNorm(i), h, eps)?,
+                wq: g.linear(Param::Q(i), bias(Param::QBias(i)), q_dim, h)?,
+                wk: g.linear(Param::K(i), bias(Param::KBias(i)), kv_dim, h)?,
+                wv: g.linear(Param::V(i), bias(Param::VBias(i)), kv_dim, h)?,
+                q_norm: match cfg.qk_norm {
+                    true => Some(g.norm(Param::QNorm(i), cfg.head_dim, eps)?),
+                    false => None,
+                },
+                k_norm: match cfg.qk_norm {
+                    true => Some(g.norm(Param::KNorm(i), cfg.head_dim, eps)?),
+                    false => None,
+                },
+                wo: g.linear(Param::O(i), None, h, q_dim)?,
+                post_attn_norm: match cfg.post_norms {
+                    true => Some(g.norm(Param::PostAttnNorm(i), h, eps)?),
+                    false => None,
+                },
+                ffn_norm: g.norm(Param::FfnNorm(i), h, eps)?,
+                post_ffn_norm: match cfg.post_norms {
+                    true => Some(g.norm(Param::PostFfnNorm(i), h, eps)?),
+                    false => None,
+                },
+                gate: g.linear(Param::Gate(i), None, ffn, h)?,
+                up: g.linear(Param::Up(i), None, ffn, h)?,
+                down: g.linear(Param::Down(i), None, h, ffn)?,
+                rope: usize::from(sliding),
+                sliding,
             });
         }
-        let norm = g.norm("output_norm.weight", h, cfg.rms_norm_eps)?;
-        let (cos, sin) = rope_tables(&cfg, device)?;
+        let norm = g.norm(Param::FinalNorm, h, eps)?;
         Ok(Self {
+            max_positions: ropes[0].cos.dim(0)?,
             cfg,
             embed,
             blocks,
             norm,
             lm_head,
-            cos,
-            sin,
+            ropes,
             device: device.clone(),
         })
     }
@@ -285,10 +343,10 @@ impl Decoder {
                 )));
             }
             let end = r.seq.len() + r.tokens.len();
-            if end > self.cos.dim(0)? {
+            if end > self.max_positions {
                 return Err(Error::InvalidRequest(format!(
                     "row {i}: {end} positions exceed the model's context of {}",
-                    self.cos.dim(0)?
+                    self.max_positions
                 )));
             }
             if let Some(&bad) = r
@@ -356,33 +414,52 @@ impl Decoder {
         let ids = Tensor::from_vec(ids, b * t, dev)?;
         let pos = Tensor::from_vec(pos, b * t, dev)?;
         let half = cfg.head_dim / 2;
-        let cos = self.cos.index_select(&pos, 0)?.reshape((b, t, half))?;
-        let sin = self.sin.index_select(&pos, 0)?.reshape((b, t, half))?;
-        let mask = suffix_mask(&s, &n, t, kv_total, dev)?;
+        let ropes = self
+            .ropes
+            .iter()
+            .map(|r| -> Result<(Tensor, Tensor)> {
+                Ok((
+                    r.cos.index_select(&pos, 0)?.reshape((b, t, half))?,
+                    r.sin.index_select(&pos, 0)?.reshape((b, t, half))?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let global_mask = suffix_mask(&s, &n, t, kv_total, None, dev)?;
+        // Sliding layers: the suffix mask also cuts keys older than the window, and the
+        // prefix is read only from the first position any query of the batch can still see.
+        let sliding = match cfg.sliding_window {
+            Some(w) => Some(SlidingMasks::new(lp, &s, &n, t, kv_total, w, dev)?),
+            None => None,
+        };
 
-        let mut x = self
-            .embed
-            .embedding(&ids)?
-            .reshape((b, t, cfg.hidden_size))?;
+        let mut x = self.embed.forward(&ids)?.reshape((b, t, cfg.hidden_size))?;
+        if cfg.embed_scale != 1.0 {
+            x = (x * cfg.embed_scale as f64)?;
+        }
         let (hq, hkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let g = hq / hkv;
-        let scale = 1.0 / (hd as f64).sqrt();
+        let scale = cfg.attn_scale;
         for (li, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x)?;
-            let q = blk.wq.forward(&h)?;
-            let k = blk.wk.forward(&h)?;
-            let v = blk.wv.forward(&h)?;
-            let q = q.reshape((b, t, hq, hd))?.transpose(1, 2)?.contiguous()?;
-            let k = k.reshape((b, t, hkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let v = v.reshape((b, t, hkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let mut q = blk.wq.forward(&h)?.reshape((b, t, hq, hd))?;
+            let mut k = blk.wk.forward(&h)?.reshape((b, t, hkv, hd))?;
+            let v = blk.wv.forward(&h)?.reshape((b, t, hkv, hd))?;
+            if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
+                q = qn.forward(&q)?;
+                k = kn.forward(&k)?;
+            }
+            let q = q.transpose(1, 2)?.contiguous()?;
+            let k = k.transpose(1, 2)?.contiguous()?;
+            let v = v.transpose(1, 2)?.contiguous()?;
+            let (cos, sin) = &ropes[blk.rope];
             let (q, k) = match cfg.rope_style {
                 RopeStyle::Neox => (
-                    candle_nn::rotary_emb::rope(&q, &cos, &sin)?,
-                    candle_nn::rotary_emb::rope(&k, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope(&q, cos, sin)?,
+                    candle_nn::rotary_emb::rope(&k, cos, sin)?,
                 ),
                 RopeStyle::Interleaved => (
-                    candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?,
-                    candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?,
+                    candle_nn::rotary_emb::rope_i(&q, cos, sin)?,
+                    candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
                 ),
             };
             // Append the new keys/values to each row's suffix, then gather the padded
@@ -408,22 +485,36 @@ impl Decoder {
                 .reshape((b, hkv, g * t, hd))?
                 .transpose(0, 1)?
                 .contiguous()?;
+            let sw = if blk.sliding { sliding.as_ref() } else { None };
+            let mask = sw.map_or(&global_mask, |m| &m.suffix);
             let ss = (qh.matmul(&ks.t()?)? * scale)?
                 .reshape((hkv, b, g, t, kv_total))?
-                .broadcast_add(&mask)?
+                .broadcast_add(mask)?
                 .reshape((hkv, b * g * t, kv_total))?;
+            // The part of the prefix this layer can see.
+            let (p0, plen) = match sw {
+                Some(m) => (m.prefix_start, lp - m.prefix_start),
+                None => (0, lp),
+            };
             let o = match &prefix {
-                Some(p) if lp > 0 => {
+                Some(p) if plen > 0 => {
                     let pkv = p
                         .layer(li)
                         .ok_or_else(|| Error::InvalidRequest("prefix layer missing".into()))?;
+                    let (pk, pv) = (pkv.k.narrow(1, p0, plen)?, pkv.v.narrow(1, p0, plen)?);
                     // One matmul per kv head covers every row: the prefix is read in place.
                     let qp = qh.reshape((hkv, b * g * t, hd))?;
-                    let sp = (qp.matmul(&pkv.k.t()?)? * scale)?;
+                    let mut sp = (qp.matmul(&pk.t()?)? * scale)?;
+                    if let Some(m) = sw.and_then(|m| m.prefix.as_ref()) {
+                        sp = sp
+                            .reshape((hkv, b, g, t, plen))?
+                            .broadcast_add(m)?
+                            .reshape((hkv, b * g * t, plen))?;
+                    }
                     let all = Tensor::cat(&[&sp, &ss], 2)?;
                     let probs = candle_nn::ops::softmax_last_dim(&all)?;
-                    let op = probs.narrow(2, 0, lp)?.matmul(&pkv.v)?;
-                    let ps = probs.narrow(2, lp, kv_total)?.contiguous()?.reshape((
+                    let op = probs.narrow(2, 0, plen)?.matmul(&pv.contiguous()?)?;
+                    let ps = probs.narrow(2, plen, kv_total)?.contiguous()?.reshape((
                         hkv,
                         b,
                         g * t,
@@ -441,11 +532,22 @@ impl Decoder {
                 .permute((1, 3, 0, 2, 4))?
                 .contiguous()?
                 .reshape((b, t, hq * hd))?;
-            x = (x + blk.wo.forward(&o)?)?;
+            let mut attn = blk.wo.forward(&o)?;
+            if let Some(pn) = &blk.post_attn_norm {
+                attn = pn.forward(&attn)?;
+            }
+            x = (x + attn)?;
             let h = blk.ffn_norm.forward(&x)?;
-            let gate = candle_nn::ops::silu(&blk.gate.forward(&h)?)?;
-            let up = blk.up.forward(&h)?;
-            x = (x + blk.down.forward(&(gate * up)?)?)?;
+            let gate = blk.gate.forward(&h)?;
+            let gate = match cfg.activation {
+                Activation::Silu => candle_nn::ops::silu(&gate)?,
+                Activation::GeluTanh => gate.gelu()?,
+            };
+            let mut m = blk.down.forward(&(gate * blk.up.forward(&h)?)?)?;
+            if let Some(pn) = &blk.post_ffn_norm {
+                m = pn.forward(&m)?;
+            }
+            x = (x + m)?;
         }
         for row in rows.iter_mut() {
             row.seq.push_tokens(row.tokens);
@@ -493,39 +595,102 @@ fn pad_len(x: &Tensor, to: usize) -> Result<Tensor> {
 }
 
 /// Additive mask (1, b, 1, t, kv_total) over the suffix keys: query i of row r (at suffix
-/// position s_r + i) sees suffix keys 0..=s_r+i; padded queries see all real keys.
+/// position s_r + i) sees suffix keys 0..=s_r+i, and with a window only those less than
+/// `window` positions back; padded queries see what their row's last real query sees.
 fn suffix_mask(
     s: &[usize],
     n: &[usize],
     t: usize,
     kv_total: usize,
+    window: Option<usize>,
     dev: &Device,
 ) -> Result<Tensor> {
     let b = s.len();
     let mut m = vec![0f32; b * t * kv_total];
     for r in 0..b {
         for i in 0..t {
-            let visible = s[r] + i.min(n[r] - 1) + 1;
-            for j in visible..kv_total {
-                m[(r * t + i) * kv_total + j] = f32::NEG_INFINITY;
+            let q = s[r] + i.min(n[r] - 1);
+            let lo = window.map_or(0, |w| (q + 1).saturating_sub(w));
+            for j in 0..kv_total {
+                if j > q || j < lo {
+                    m[(r * t + i) * kv_total + j] = f32::NEG_INFINITY;
+                }
             }
         }
     }
     Ok(Tensor::from_vec(m, (1, b, 1, t, kv_total), dev)?)
 }
 
-fn rope_tables(cfg: &ModelConfig, dev: &Device) -> Result<(Tensor, Tensor)> {
+/// Masks of sliding-window layers for one batch.
+struct SlidingMasks {
+    suffix: Tensor,
+    /// First prefix position any query of the batch can see.
+    prefix_start: usize,
+    /// Additive mask (1, b, 1, t, lp - prefix_start) over the visible prefix, when some
+    /// query cannot see all of it.
+    prefix: Option<Tensor>,
+}
+
+impl SlidingMasks {
+    fn new(
+        lp: usize,
+        s: &[usize],
+        n: &[usize],
+        t: usize,
+        kv_total: usize,
+        window: usize,
+        dev: &Device,
+    ) -> Result<Self> {
+        let b = s.len();
+        let suffix = suffix_mask(s, n, t, kv_total, Some(window), dev)?;
+        // Absolute position of query (r, i) is lp + s_r + i; it sees keys >= pos + 1 - window.
+        let lowest = (0..b)
+            .map(|r| (lp + s[r] + 1).saturating_sub(window))
+            .min()
+            .unwrap_or(0);
+        let prefix_start = lowest.min(lp);
+        let plen = lp - prefix_start;
+        let mut any = false;
+        let mut m = vec![0f32; b * t * plen];
+        for r in 0..b {
+            for i in 0..t {
+                let q = lp + s[r] + i.min(n[r] - 1);
+                let lo = (q + 1).saturating_sub(window);
+                for j in 0..plen {
+                    if prefix_start + j < lo {
+                        m[(r * t + i) * plen + j] = f32::NEG_INFINITY;
+                        any = true;
+                    }
+                }
+            }
+        }
+        let prefix = match any {
+            true => Some(Tensor::from_vec(m, (1, b, 1, t, plen), dev)?),
+            false => None,
+        };
+        Ok(Self {
+            suffix,
+            prefix_start,
+            prefix,
+        })
+    }
+}
+
+fn rope_table(cfg: &ModelConfig, theta: f32, scale: f32, dev: &Device) -> Result<Rope> {
     let max_pos = cfg.context_length.clamp(1, 1 << 17);
     let half = cfg.head_dim / 2;
     let inv: Vec<f32> = (0..half)
-        .map(|i| 1f32 / cfg.rope_theta.powf((2 * i) as f32 / cfg.head_dim as f32))
+        .map(|i| 1f32 / theta.powf((2 * i) as f32 / cfg.head_dim as f32) / scale)
         .collect();
     let inv = Tensor::from_vec(inv, (1, half), dev)?;
     let p = Tensor::arange(0u32, max_pos as u32, dev)?
         .to_dtype(DType::F32)?
         .reshape((max_pos, 1))?;
     let f = p.matmul(&inv)?;
-    Ok((f.cos()?.contiguous()?, f.sin()?.contiguous()?))
+    Ok(Rope {
+        cos: f.cos()?.contiguous()?,
+        sin: f.sin()?.contiguous()?,
+    })
 }
 
 /// Index of the largest logit of a (vocab,) or (1, vocab) tensor.

@@ -46,7 +46,7 @@ pub enum Error {
     },
 
     /// The architecture named in the file is not one this runtime implements.
-    #[error("unsupported architecture `{0}` (supported: llama, qwen2)")]
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2, qwen3, gemma3)")]
     UnsupportedArchitecture(String),
 
     /// The tokenizer could not be built or used.

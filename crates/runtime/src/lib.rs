@@ -16,10 +16,11 @@ pub mod model;
 pub mod settings;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod weights;
 
 pub use cache::{Prefix, Sequence};
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use config::{Activation, Architecture, ModelConfig, RopeStyle};
 pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Row};
 pub use device::{parse_device, set_threads, threads};
 pub use error::{Error, Result};

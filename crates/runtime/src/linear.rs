@@ -1,6 +1,7 @@
 //! Projection weights: quantized for decode, optionally a dense f32 copy for many-token
 //! forwards, and the load-time conversion of quant types that have no fast kernel.
 
+use crate::weights::Weight;
 use crate::Result;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
@@ -30,14 +31,14 @@ pub fn needs_conversion(dtype: GgmlDType) -> bool {
 }
 
 /// Requantizes a slow quant type to Q8_0 when its rows allow it; returns the input otherwise.
-pub fn convert_slow(q: QTensor) -> Result<QTensor> {
+pub fn convert_slow(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
     let dims = q.shape().dims();
     let cols = dims.last().copied().unwrap_or(0);
     if !needs_conversion(q.dtype()) || cols % GgmlDType::Q8_0.block_size() != 0 {
         return Ok(q);
     }
     let dense = q.dequantize(&q.device())?;
-    Ok(QTensor::quantize(&dense, GgmlDType::Q8_0)?)
+    Ok(Arc::new(QTensor::quantize(&dense, GgmlDType::Q8_0)?))
 }
 
 /// One projection `y = x W^T (+ b)`.
@@ -62,6 +63,19 @@ impl Linear {
             dense,
             bias,
         })
+    }
+
+    /// Wraps a weight from any source: quantized weights follow `dense`; dense weights are
+    /// used as they are.
+    pub fn from_weight(w: Weight, bias: Option<Tensor>, dense: DenseMode) -> Result<Self> {
+        match w {
+            Weight::Quant(q) => Self::new(q, bias, dense),
+            Weight::Dense(t) => Ok(Self {
+                weight: QMatMul::Tensor(t),
+                dense: None,
+                bias,
+            }),
+        }
     }
 
     /// Bytes held by the optional dense copy.
@@ -113,13 +127,13 @@ mod tests {
         let w = Tensor::randn(0f32, 1.0, (64, 128), &dev).unwrap();
         let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
         let before = q.dequantize(&dev).unwrap();
-        let c = convert_slow(q).unwrap();
+        let c = convert_slow(Arc::new(q)).unwrap();
         assert_eq!(c.dtype(), GgmlDType::Q8_0);
         let after = c.dequantize(&dev).unwrap();
         let err = (before - after).unwrap().abs().unwrap().max_all().unwrap();
         assert!(err.to_scalar::<f32>().unwrap() < 0.05);
         let q8 = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-        assert_eq!(convert_slow(q8).unwrap().dtype(), GgmlDType::Q8_0);
+        assert_eq!(convert_slow(Arc::new(q8)).unwrap().dtype(), GgmlDType::Q8_0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! A loaded model: decoder, tokenizer and chat template from one GGUF file (with an optional
-//! `tokenizer.json` / `tokenizer_config.json` beside it taking precedence).
+//! A loaded model: decoder, tokenizer and chat template, from one GGUF file (with an
+//! optional `tokenizer.json` / `tokenizer_config.json` beside it taking precedence) or from a
+//! Hugging Face folder (config.json, safetensors, tokenizer.json, tokenizer_config.json).
 
 use crate::chat::ChatTemplate;
 use crate::config::md_str;
@@ -58,8 +59,11 @@ pub fn read_gguf(path: &Path) -> Result<(Content, std::fs::File)> {
 }
 
 impl Model {
-    /// Loads a model from a GGUF file.
+    /// Loads a model from a GGUF file or a Hugging Face model folder.
     pub fn load(path: &Path, device: &Device, opts: LoadOptions) -> Result<Self> {
+        if path.is_dir() {
+            return Self::load_hf_dir(path, device, opts);
+        }
         let (ct, mut f) = read_gguf(path)?;
         let decoder = Decoder::from_gguf(&ct, &mut f, device, opts)?;
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -94,17 +98,40 @@ impl Model {
                 Err(_) => None,
             },
         };
+        Ok(Self::loaded(decoder, tokenizer, chat_template, path))
+    }
+
+    /// Loads a Hugging Face folder: config.json, safetensors, tokenizer.json and (for the chat
+    /// template) tokenizer_config.json.
+    pub fn load_hf_dir(dir: &Path, device: &Device, opts: LoadOptions) -> Result<Self> {
+        let decoder = Decoder::from_safetensors(dir, device, opts)?;
+        let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let cfg_json = dir.join("tokenizer_config.json");
+        let chat_template = if cfg_json.is_file() {
+            ChatTemplate::from_tokenizer_config(&cfg_json)?
+        } else {
+            None
+        };
+        Ok(Self::loaded(decoder, tokenizer, chat_template, dir))
+    }
+
+    fn loaded(
+        decoder: Decoder,
+        tokenizer: Tokenizer,
+        chat_template: Option<ChatTemplate>,
+        path: &Path,
+    ) -> Self {
         tracing::info!(
             path = %path.display(),
             arch = ?decoder.config().arch,
             layers = decoder.config().num_layers,
             "model loaded"
         );
-        Ok(Self {
+        Self {
             decoder,
             tokenizer,
             chat_template,
             path: path.to_path_buf(),
-        })
+        }
     }
 }

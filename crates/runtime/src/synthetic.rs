@@ -1,12 +1,18 @@
-//! Tiny random-weight GGUF models, written on demand, for tests and benchmarks that must
-//! run without downloading anything. They carry a real byte-level BPE vocabulary, special
-//! tokens and a ChatML template, so the whole loading path is exercised.
+//! Tiny random-weight models, written on demand, for tests and benchmarks that must run
+//! without downloading anything. One seeded set of weights (in Hugging Face conventions) is
+//! written either as GGUF (q/k rows permuted for llama, gemma norms stored as 1 + w, matrices
+//! quantized) or as a Hugging Face folder (config.json, safetensors, tokenizer.json,
+//! tokenizer_config.json), so the two formats describe the same model. Both carry a real
+//! byte-level BPE vocabulary, special tokens and a ChatML template.
 
 use crate::config::Architecture;
+use crate::tokenizer::byte_level_tokenizer_json;
+use crate::weights::Param;
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
 use std::path::Path;
 
 /// The ChatML template written into tiny models (the same shape Qwen and SmolLM2 use).
@@ -15,7 +21,7 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>
 /// Shape and weight type of a tiny model.
 #[derive(Debug, Clone)]
 pub struct TinyModel {
-    /// Decoder family (selects metadata keys, rope style and qkv bias).
+    /// Decoder family.
     pub arch: Architecture,
     /// Residual width (a multiple of 32, or of 256 for k-quants).
     pub hidden: usize,
@@ -25,12 +31,23 @@ pub struct TinyModel {
     pub heads: usize,
     /// Key/value heads.
     pub kv_heads: usize,
+    /// Head width (defaults to hidden / heads).
+    pub head_dim: Option<usize>,
     /// MLP width.
     pub ffn: usize,
-    /// Weight type of the projection matrices.
+    /// Weight type of the projection matrices in GGUF.
     pub dtype: GgmlDType,
     /// Write a separate output matrix (otherwise the embedding is tied).
     pub untied_output: bool,
+    /// Sliding window (gemma3 only).
+    pub sliding_window: Option<usize>,
+    /// Every n-th layer is global (gemma3 only).
+    pub sliding_pattern: usize,
+    /// dtype of the safetensors files (F32, F16 or BF16); weights are rounded through it for
+    /// both formats.
+    pub st_dtype: DType,
+    /// Number of safetensors shards (1 = a single `model.safetensors`).
+    pub shards: usize,
     /// Seed of the weights.
     pub seed: u64,
 }
@@ -38,23 +55,33 @@ pub struct TinyModel {
 impl TinyModel {
     /// A 2-layer model with grouped-query attention and Q8_0 weights.
     pub fn new(arch: Architecture) -> Self {
+        let gemma = arch == Architecture::Gemma3;
         Self {
             arch,
             hidden: 64,
-            layers: 2,
+            layers: if gemma { 3 } else { 2 },
             heads: 4,
             kv_heads: 2,
+            head_dim: None,
             ffn: 128,
             dtype: GgmlDType::Q8_0,
             untied_output: matches!(arch, Architecture::Llama),
+            sliding_window: gemma.then_some(8),
+            sliding_pattern: 3,
+            st_dtype: DType::F32,
+            shards: 1,
             seed: 7,
         }
+    }
+
+    fn hd(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden / self.heads)
     }
 }
 
 /// The byte-to-char table of byte-level BPE (GPT-2): printable bytes map to themselves.
 pub fn byte_level_alphabet() -> Vec<char> {
-    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
     let mut out = vec!['\0'; 256];
     for &b in &printable {
         out[b as usize] = char::from_u32(b).unwrap_or('?');
@@ -66,7 +93,6 @@ pub fn byte_level_alphabet() -> Vec<char> {
             extra += 1;
         }
     }
-    printable.clear();
     out
 }
 
@@ -116,63 +142,117 @@ impl Rng {
     }
 }
 
+fn pre_tokenizer(arch: Architecture) -> &'static str {
+    match arch {
+        Architecture::Qwen2 | Architecture::Qwen3 => "qwen2",
+        Architecture::Llama => "smollm",
+        Architecture::Gemma3 => "default",
+    }
+}
+
+/// Reorders q/k rows from rotate-half order to the interleaved order of llama GGUF files
+/// (what llama.cpp's converter does), for `heads` heads of width `hd`.
+pub fn permute_for_interleaved_rope(w: &Tensor, heads: usize, hd: usize) -> Result<Tensor> {
+    let cols = w.dim(1)?;
+    Ok(w.reshape((heads, 2, hd / 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((heads * hd, cols))?)
+}
+
 impl TinyModel {
-    /// Writes the model to `path` as GGUF.
-    pub fn write(&self, path: &Path) -> Result<()> {
-        let (tokens, merges, types) = tiny_vocab();
+    /// The weights in Hugging Face conventions; norm weights are the effective multipliers.
+    fn weights(&self) -> Result<Vec<(Param, Tensor)>> {
+        let (tokens, _, _) = tiny_vocab();
         let vocab = tokens.len();
-        let p = self.arch.gguf_name();
-        let hd = self.hidden / self.heads;
+        let hd = self.hd();
         let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let mut tensors: Vec<(String, QTensor)> = Vec::new();
-        let quant = |t: &Tensor, d: GgmlDType| QTensor::quantize(t, d).map_err(Error::from);
+        let mut out = Vec::new();
+        let round =
+            |t: Tensor| -> Result<Tensor> { Ok(t.to_dtype(self.st_dtype)?.to_dtype(DType::F32)?) };
         let mat = |rng: &mut Rng, rows: usize, cols: usize| {
             rng.tensor(&[rows, cols], 1.5 / (cols as f32).sqrt(), 0.0)
         };
-        let emb = rng.tensor(&[vocab, self.hidden], 1.0, 0.0)?;
-        tensors.push(("token_embd.weight".into(), quant(&emb, self.dtype)?));
+        out.push((Param::Embed, rng.tensor(&[vocab, self.hidden], 1.0, 0.0)?));
+        let gemma = self.arch == Architecture::Gemma3;
+        let qk_norm = matches!(self.arch, Architecture::Qwen3 | Architecture::Gemma3);
         for i in 0..self.layers {
-            let b = format!("blk.{i}");
-            let norm = rng.tensor(&[self.hidden], 0.2, 1.0)?;
-            tensors.push((
-                format!("{b}.attn_norm.weight"),
-                quant(&norm, GgmlDType::F32)?,
-            ));
-            for (name, rows) in [
-                ("attn_q", self.heads * hd),
-                ("attn_k", self.kv_heads * hd),
-                ("attn_v", self.kv_heads * hd),
+            out.push((Param::AttnNorm(i), rng.tensor(&[self.hidden], 0.2, 1.0)?));
+            for (p, rows) in [
+                (Param::Q(i), self.heads * hd),
+                (Param::K(i), self.kv_heads * hd),
+                (Param::V(i), self.kv_heads * hd),
             ] {
-                let w = mat(&mut rng, rows, self.hidden)?;
-                tensors.push((format!("{b}.{name}.weight"), quant(&w, self.dtype)?));
-                if matches!(self.arch, Architecture::Qwen2) {
-                    let bias = rng.tensor(&[rows], 0.5, 0.0)?;
-                    tensors.push((format!("{b}.{name}.bias"), quant(&bias, GgmlDType::F32)?));
+                out.push((p, mat(&mut rng, rows, self.hidden)?));
+            }
+            if self.arch == Architecture::Qwen2 {
+                for (p, rows) in [
+                    (Param::QBias(i), self.heads * hd),
+                    (Param::KBias(i), self.kv_heads * hd),
+                    (Param::VBias(i), self.kv_heads * hd),
+                ] {
+                    out.push((p, rng.tensor(&[rows], 0.5, 0.0)?));
                 }
             }
-            let wo = mat(&mut rng, self.hidden, self.heads * hd)?;
-            tensors.push((format!("{b}.attn_output.weight"), quant(&wo, self.dtype)?));
-            let norm = rng.tensor(&[self.hidden], 0.2, 1.0)?;
-            tensors.push((
-                format!("{b}.ffn_norm.weight"),
-                quant(&norm, GgmlDType::F32)?,
-            ));
-            for (name, rows, cols) in [
-                ("ffn_gate", self.ffn, self.hidden),
-                ("ffn_up", self.ffn, self.hidden),
-                ("ffn_down", self.hidden, self.ffn),
-            ] {
-                let w = mat(&mut rng, rows, cols)?;
-                tensors.push((format!("{b}.{name}.weight"), quant(&w, self.dtype)?));
+            if qk_norm {
+                out.push((Param::QNorm(i), rng.tensor(&[hd], 0.2, 1.0)?));
+                out.push((Param::KNorm(i), rng.tensor(&[hd], 0.2, 1.0)?));
             }
+            out.push((Param::O(i), mat(&mut rng, self.hidden, self.heads * hd)?));
+            if gemma {
+                out.push((
+                    Param::PostAttnNorm(i),
+                    rng.tensor(&[self.hidden], 0.2, 1.0)?,
+                ));
+            }
+            out.push((Param::FfnNorm(i), rng.tensor(&[self.hidden], 0.2, 1.0)?));
+            if gemma {
+                out.push((Param::PostFfnNorm(i), rng.tensor(&[self.hidden], 0.2, 1.0)?));
+            }
+            out.push((Param::Gate(i), mat(&mut rng, self.ffn, self.hidden)?));
+            out.push((Param::Up(i), mat(&mut rng, self.ffn, self.hidden)?));
+            out.push((Param::Down(i), mat(&mut rng, self.hidden, self.ffn)?));
         }
-        let norm = rng.tensor(&[self.hidden], 0.2, 1.0)?;
-        tensors.push(("output_norm.weight".into(), quant(&norm, GgmlDType::F32)?));
+        out.push((Param::FinalNorm, rng.tensor(&[self.hidden], 0.2, 1.0)?));
         if self.untied_output {
-            let w = mat(&mut rng, vocab, self.hidden)?;
-            tensors.push(("output.weight".into(), quant(&w, self.dtype)?));
+            out.push((Param::Output, mat(&mut rng, vocab, self.hidden)?));
         }
+        out.into_iter()
+            .map(|(p, t)| {
+                // Gemma stores norms as w with multiplier 1 + w: round the stored form.
+                let t = if gemma && p.is_norm() {
+                    (round((t - 1.0)?)? + 1.0)?
+                } else {
+                    round(t)?
+                };
+                Ok((p, t))
+            })
+            .collect()
+    }
 
+    /// Writes the model to `path` as GGUF.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let (tokens, merges, types) = tiny_vocab();
+        let p = self.arch.gguf_name();
+        let hd = self.hd();
+        let mut tensors: Vec<(String, QTensor)> = Vec::new();
+        for (param, t) in self.weights()? {
+            let t = match (self.arch, param) {
+                (Architecture::Llama, Param::Q(_)) => {
+                    permute_for_interleaved_rope(&t, self.heads, hd)?
+                }
+                (Architecture::Llama, Param::K(_)) => {
+                    permute_for_interleaved_rope(&t, self.kv_heads, hd)?
+                }
+                _ => t,
+            };
+            let dtype = if t.rank() == 1 {
+                GgmlDType::F32
+            } else {
+                self.dtype
+            };
+            tensors.push((param.gguf_name(), QTensor::quantize(&t, dtype)?));
+        }
         let u = |x: usize| Value::U32(x as u32);
         let strs =
             |v: &[String]| Value::Array(v.iter().map(|s| Value::String(s.clone())).collect());
@@ -181,11 +261,7 @@ impl TinyModel {
             .iter()
             .position(|t| t == "<|endoftext|>")
             .unwrap_or(0);
-        let pre = match self.arch {
-            Architecture::Qwen2 => "qwen2",
-            Architecture::Llama => "smollm",
-        };
-        let md: Vec<(String, Value)> = vec![
+        let mut md: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(p.into())),
             ("general.name".into(), Value::String(format!("tiny-{p}"))),
             (format!("{p}.embedding_length"), u(self.hidden)),
@@ -193,6 +269,8 @@ impl TinyModel {
             (format!("{p}.feed_forward_length"), u(self.ffn)),
             (format!("{p}.attention.head_count"), u(self.heads)),
             (format!("{p}.attention.head_count_kv"), u(self.kv_heads)),
+            (format!("{p}.attention.key_length"), u(hd)),
+            (format!("{p}.attention.value_length"), u(hd)),
             (format!("{p}.context_length"), u(4096)),
             (format!("{p}.rope.dimension_count"), u(hd)),
             (format!("{p}.rope.freq_base"), Value::F32(10_000.0)),
@@ -201,7 +279,10 @@ impl TinyModel {
                 Value::F32(1e-6),
             ),
             ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-            ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
+            (
+                "tokenizer.ggml.pre".into(),
+                Value::String(pre_tokenizer(self.arch).into()),
+            ),
             ("tokenizer.ggml.tokens".into(), strs(&tokens)),
             ("tokenizer.ggml.merges".into(), strs(&merges)),
             (
@@ -216,6 +297,14 @@ impl TinyModel {
                 Value::String(CHATML_TEMPLATE.into()),
             ),
         ];
+        if let Some(w) = self.sliding_window {
+            md.push((format!("{p}.attention.sliding_window"), u(w)));
+            md.push((
+                format!("{p}.attention.sliding_window_type"),
+                u(self.sliding_pattern),
+            ));
+            md.push((format!("{p}.rope.local_freq_base"), Value::F32(1_000.0)));
+        }
         let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let io = |e: std::io::Error| Error::Io {
@@ -225,6 +314,98 @@ impl TinyModel {
         let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
         gguf_file::write(&mut f, &md_refs, &t_refs)?;
         std::io::Write::flush(&mut f).map_err(io)?;
+        Ok(())
+    }
+
+    /// The `config.json` of the Hugging Face form (keys for every family's loader).
+    pub fn hf_config(&self) -> serde_json::Value {
+        let (tokens, _, _) = tiny_vocab();
+        let model_type = match self.arch {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3_text",
+        };
+        let eos = tokens.iter().position(|t| t == "<|im_end|>").unwrap_or(0);
+        serde_json::json!({
+            "model_type": model_type,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.ffn,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hd(),
+            "vocab_size": tokens.len(),
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "rope_local_base_freq": 1000.0,
+            "tie_word_embeddings": !self.untied_output,
+            "attention_bias": self.arch == Architecture::Qwen2,
+            "hidden_act": "silu",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "sliding_window": self.sliding_window.unwrap_or(4096),
+            "sliding_window_pattern": self.sliding_pattern,
+            "use_sliding_window": false,
+            "max_window_layers": self.layers,
+            "query_pre_attn_scalar": self.hd(),
+            "final_logit_softcapping": null,
+            "attn_logit_softcapping": null,
+            "bos_token_id": 0,
+            "eos_token_id": eos,
+        })
+    }
+
+    /// Writes the Hugging Face form into `dir`: config.json, safetensors (sharded with an
+    /// index when `shards > 1`), tokenizer.json and tokenizer_config.json.
+    pub fn write_safetensors(&self, dir: &Path) -> Result<()> {
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e: std::io::Error| Error::Io { path: p, source: e }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let gemma = self.arch == Architecture::Gemma3;
+        let mut named: Vec<(String, Tensor)> = Vec::new();
+        for (p, t) in self.weights()? {
+            let t = if gemma && p.is_norm() { (t - 1.0)? } else { t };
+            named.push((p.hf_name(self.arch), t.to_dtype(self.st_dtype)?));
+        }
+        let shards = self.shards.max(1);
+        let per = named.len().div_ceil(shards);
+        let mut weight_map = serde_json::Map::new();
+        for (k, chunk) in named.chunks(per).enumerate() {
+            let file = if shards == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{:05}.safetensors", k + 1, shards)
+            };
+            let map: HashMap<String, Tensor> = chunk.iter().cloned().collect();
+            for name in map.keys() {
+                weight_map.insert(name.clone(), serde_json::Value::String(file.clone()));
+            }
+            candle_core::safetensors::save(&map, dir.join(&file))?;
+        }
+        if shards > 1 {
+            let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+            let p = dir.join("model.safetensors.index.json");
+            std::fs::write(&p, index.to_string()).map_err(io(&p))?;
+        }
+        let p = dir.join("config.json");
+        std::fs::write(&p, self.hf_config().to_string()).map_err(io(&p))?;
+        let (tokens, merges, types) = tiny_vocab();
+        let p = dir.join("tokenizer.json");
+        std::fs::write(
+            &p,
+            byte_level_tokenizer_json(&tokens, &merges, &types, pre_tokenizer(self.arch))?,
+        )
+        .map_err(io(&p))?;
+        let cfg = serde_json::json!({
+            "chat_template": CHATML_TEMPLATE,
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+        });
+        let p = dir.join("tokenizer_config.json");
+        std::fs::write(&p, cfg.to_string()).map_err(io(&p))?;
         Ok(())
     }
 }

@@ -100,7 +100,11 @@ impl Tokenizer {
                         .collect(),
                     _ => vec![0.0; tokens.len()],
                 };
-                sentencepiece_bpe(&tokens, &scores, &types)?
+                let prefix_space = !matches!(
+                    md(ct, "tokenizer.ggml.add_space_prefix"),
+                    Ok(Value::Bool(false))
+                );
+                sentencepiece_bpe(&tokens, &scores, &types, prefix_space)?
             }
             other => {
                 return Err(Error::Tokenizer(format!(
@@ -108,14 +112,7 @@ impl Tokenizer {
             )))
             }
         };
-        // Control (3) and user-defined (4) tokens are matched before the model runs.
-        let specials: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &t)| t == 3 || t == 4)
-            .map(|(s, &t)| AddedToken::from(s.clone(), t == 3))
-            .collect();
-        inner.add_special_tokens(specials).map_err(tok_err)?;
+        add_typed_specials(&mut inner, &tokens, &types)?;
         let id = |key: &str| md_u32(ct, key).ok().map(|x| x as u32);
         let mut eos: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
         for name in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"] {
@@ -189,6 +186,35 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// Control (3) and user-defined (4) tokens are matched before the model runs.
+fn add_typed_specials(
+    inner: &mut tokenizers::Tokenizer,
+    tokens: &[String],
+    types: &[i32],
+) -> Result<()> {
+    let specials: Vec<AddedToken> = tokens
+        .iter()
+        .zip(types)
+        .filter(|(_, &t)| t == 3 || t == 4)
+        .map(|(s, &t)| AddedToken::from(s.clone(), t == 3))
+        .collect();
+    inner.add_special_tokens(specials).map_err(tok_err)?;
+    Ok(())
+}
+
+/// The `tokenizer.json` text of a byte-level BPE vocabulary (GGUF token types: 3 = control,
+/// 4 = user-defined), as a Hugging Face checkpoint would ship it.
+pub fn byte_level_tokenizer_json(
+    tokens: &[String],
+    merges: &[String],
+    types: &[i32],
+    pre: &str,
+) -> Result<String> {
+    let mut t = byte_level_bpe(tokens, merges, pre)?;
+    add_typed_specials(&mut t, tokens, types)?;
+    t.to_string(false).map_err(tok_err)
 }
 
 fn string_array(ct: &Content, key: &str) -> Result<Vec<String>> {
@@ -281,6 +307,7 @@ fn sentencepiece_bpe(
     tokens: &[String],
     scores: &[f32],
     types: &[i32],
+    prefix_space: bool,
 ) -> Result<tokenizers::Tokenizer> {
     let vocab = vocab_of(tokens);
     let mut ranked: Vec<(f32, u32, (String, String))> = Vec::new();
@@ -311,20 +338,23 @@ fn sentencepiece_bpe(
         b = b.unk_token(u);
     }
     let mut t = tokenizers::Tokenizer::new(b.build().map_err(tok_err)?);
-    let norm: Vec<NormalizerWrapper> = vec![
-        Prepend::new("\u{2581}".into()).into(),
-        Replace::new(" ", "\u{2581}").map_err(tok_err)?.into(),
-    ];
+    let mut norm: Vec<NormalizerWrapper> = Vec::new();
+    if prefix_space {
+        norm.push(Prepend::new("\u{2581}".into()).into());
+    }
+    norm.push(Replace::new(" ", "\u{2581}").map_err(tok_err)?.into());
     t.with_normalizer(Some(tokenizers::normalizers::Sequence::new(norm)))
         .map_err(tok_err)?;
-    let dec: Vec<DecoderWrapper> = vec![
+    let mut dec: Vec<DecoderWrapper> = vec![
         tokenizers::decoders::DecoderWrapper::Replace(
             Replace::new("\u{2581}", " ").map_err(tok_err)?,
         ),
         ByteFallback::new().into(),
         Fuse::new().into(),
-        Strip::new(' ', 1, 0).into(),
     ];
+    if prefix_space {
+        dec.push(Strip::new(' ', 1, 0).into());
+    }
     t.with_decoder(Some(DecoderSequence::new(dec)));
     Ok(t)
 }
@@ -404,7 +434,7 @@ mod tests {
             types.push(1);
         }
         let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
-        let t = sentencepiece_bpe(&tokens, &scores, &types).unwrap();
+        let t = sentencepiece_bpe(&tokens, &scores, &types, true).unwrap();
         let enc = t.encode("hello world ü", false).unwrap();
         assert_eq!(enc.get_tokens()[0], "\u{2581}hello");
         assert!(
