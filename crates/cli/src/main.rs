@@ -109,11 +109,13 @@ fn main() -> Result<()> {
                 println!("{:<32} {:<8} {:<8} {:>12}  status", "name", "arch", "role", "bytes");
                 for m in store.manifests() {
                     let status = match store.verify(&m.name)? {
+                        Status::Missing if m.network => "not cached (needs hub access)".to_string(),
                         Status::Missing => "not fetched".to_string(),
                         Status::Verified => "verified".to_string(),
                         Status::Corrupt { .. } => "CORRUPT (run fetch)".to_string(),
                     };
-                    println!("{:<32} {:<8} {:<8} {:>12}  {status}", m.name, m.architecture, m.role, m.size);
+                    let size = if m.size > 0 { m.size.to_string() } else { "-".to_string() };
+                    println!("{:<32} {:<8} {:<8} {:>12}  {status}", m.name, m.architecture, m.role, size);
                 }
             }
             ModelsCmd::Fetch { name } => {
@@ -124,8 +126,7 @@ fn main() -> Result<()> {
                 Status::Verified => println!("{name}: verified ({})", store.path(&name)?.display()),
                 Status::Missing => bail!("{name}: not in the cache; run `speccompact models fetch {name}`"),
                 Status::Corrupt { actual, size } => bail!(
-                    "{name}: cached file is corrupt (sha256 {actual}, {size} bytes, expected {} bytes); run `speccompact models fetch {name}` to replace it",
-                    store.get(&name)?.size
+                    "{name}: cached file is corrupt (sha256 {actual}, {size} bytes); run `speccompact models fetch {name}` to replace it"
                 ),
             },
             ModelsCmd::Path { name } => println!("{}", store.path(&name)?.display()),

@@ -7,7 +7,9 @@
 
 use crate::cache::{LayerKv, Sequence};
 use crate::config::{Activation, ModelConfig, RopeStyle};
-use crate::linear::{convert_slow, DenseMode, Linear};
+use crate::linear::{
+    available_memory, convert_slow, probe_dense, DenseDecision, DenseMode, Linear,
+};
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::Content;
@@ -120,6 +122,7 @@ pub struct Decoder {
     lm_head: Linear,
     ropes: Vec<Rope>,
     max_positions: usize,
+    dense: DenseDecision,
     device: Device,
 }
 
@@ -208,6 +211,8 @@ impl Decoder {
         opts: LoadOptions,
     ) -> Result<Self> {
         let cfg = src.config().clone();
+        let (dense, decision) = decide_dense(src, &cfg, opts.dense, device)?;
+        let opts = LoadOptions { dense, ..opts };
         let mut g = Loader { src, opts };
         let h = cfg.hidden_size;
         let q_dim = cfg.num_heads * cfg.head_dim;
@@ -265,6 +270,7 @@ impl Decoder {
         let norm = g.norm(Param::FinalNorm, h, eps)?;
         Ok(Self {
             max_positions: ropes[0].cos.dim(0)?,
+            dense: decision,
             cfg,
             embed,
             blocks,
@@ -280,6 +286,11 @@ impl Decoder {
         &self.cfg
     }
 
+    /// Whether dense weight copies were kept, and the measurement behind an automatic choice.
+    pub fn dense_decision(&self) -> &DenseDecision {
+        &self.dense
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> &Device {
         &self.device
@@ -290,7 +301,7 @@ impl Decoder {
         Sequence::new(self.cfg.num_layers)
     }
 
-    /// Bytes held by dense weight copies (0 unless [`DenseMode::On`]).
+    /// Bytes held by dense weight copies (0 unless dense copies were chosen).
     pub fn dense_bytes(&self) -> usize {
         let mut n = self.lm_head.dense_bytes();
         for b in &self.blocks {
@@ -581,6 +592,94 @@ impl Decoder {
         }
         Ok(out)
     }
+}
+
+/// Elements of every projection matrix (what dense copies would hold).
+fn projection_elems(cfg: &ModelConfig) -> usize {
+    let h = cfg.hidden_size;
+    let q = cfg.num_heads * cfg.head_dim;
+    let kv = cfg.num_kv_heads * cfg.head_dim;
+    let per_layer = 2 * q * h + 2 * kv * h + 3 * cfg.intermediate_size * h;
+    per_layer * cfg.num_layers + cfg.vocab_size * h
+}
+
+/// Resolves [`DenseMode::Auto`] into on or off by timing the first MLP's up and down
+/// projections.
+fn decide_dense(
+    src: &mut dyn WeightSource,
+    cfg: &ModelConfig,
+    mode: DenseMode,
+    device: &Device,
+) -> Result<(DenseMode, DenseDecision)> {
+    let bytes = projection_elems(cfg) * 4;
+    let fixed = |mode: DenseMode| {
+        let (dense, min_rows) = match mode {
+            DenseMode::On { min_rows } => (true, min_rows),
+            _ => (false, 0),
+        };
+        Ok((
+            mode,
+            DenseDecision {
+                dense,
+                min_rows,
+                probes: Vec::new(),
+                bytes,
+            },
+        ))
+    };
+    let min_rows = match mode {
+        DenseMode::Off | DenseMode::On { .. } => return fixed(mode),
+        DenseMode::Auto { min_rows } => min_rows.max(1),
+    };
+    let mut probe = Vec::new();
+    for p in [Param::Up(0), Param::Down(0)] {
+        match src.get(p)? {
+            Some(Weight::Quant(q)) if device.is_cpu() => probe.push(convert_slow(q)?),
+            // Dense checkpoints are dense already; on GPUs quantized kernels are not the
+            // bottleneck.
+            _ => return fixed(DenseMode::Off),
+        }
+    }
+    let fits = available_memory().is_none_or(|avail| bytes <= avail / 4);
+    let mut probes = Vec::new();
+    let mut chosen = None;
+    if fits {
+        for rows in [min_rows, 4 * min_rows, 16 * min_rows] {
+            let (q, d) = probe_dense(&probe, rows)?;
+            probes.push((rows, q, d));
+            if d * 1.15 < q {
+                chosen = Some(rows);
+                break;
+            }
+        }
+    }
+    tracing::info!(
+        ?probes,
+        bytes,
+        fits,
+        ?chosen,
+        "dense weights for many-token forwards"
+    );
+    Ok(match chosen {
+        Some(rows) => (
+            DenseMode::On { min_rows: rows },
+            DenseDecision {
+                dense: true,
+                min_rows: rows,
+                probes,
+                bytes,
+            },
+        ),
+        None => (
+            DenseMode::Off,
+            DenseDecision {
+                dense: false,
+                min_rows: 0,
+                probes,
+                bytes,
+            },
+        ),
+    })
 }
 
 /// Pads (hkv, len, hd) with zeros along positions to `to`.

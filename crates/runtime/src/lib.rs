@@ -25,7 +25,7 @@ pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Row};
 pub use device::{parse_device, set_threads, threads};
 pub use error::{Error, Result};
 pub use generate::{greedy, Continuation, StopReason, StopRules};
-pub use linear::DenseMode;
+pub use linear::{DenseDecision, DenseMode};
 pub use model::{read_gguf, Model};
 pub use settings::RuntimeSettings;
 pub use tokenizer::Tokenizer;

@@ -19,6 +19,67 @@ pub enum DenseMode {
         /// Token count from which the dense copy is used.
         min_rows: usize,
     },
+    /// Decide at load by measurement: time the first MLP's up and down projections both ways at
+    /// `min_rows`, 4x and 16x as many rows; dense copies are kept, used from the smallest of
+    /// those row counts at which they are at least 15 % faster, if any is and they fit in a
+    /// quarter of the available memory.
+    Auto {
+        /// Smallest row count probed.
+        min_rows: usize,
+    },
+}
+
+/// The outcome of [`DenseMode::Auto`] (or the fixed choice) for one loaded model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseDecision {
+    /// Whether dense copies are kept.
+    pub dense: bool,
+    /// Forwards of at least this many tokens use them.
+    pub min_rows: usize,
+    /// Probe results: (rows, quantized ms, dense ms); empty when not measured.
+    pub probes: Vec<(usize, f64, f64)>,
+    /// Bytes the dense copies take (or would take).
+    pub bytes: usize,
+}
+
+/// Times `rows` tokens through quantized weights and their dense copies (one warm-up, then
+/// best of 3 each), summed over the weights, in ms.
+pub fn probe_dense(weights: &[Arc<QTensor>], rows: usize) -> Result<(f64, f64)> {
+    let (mut qt, mut dt) = (0.0, 0.0);
+    for q in weights {
+        let (a, b) = probe_one(q, rows)?;
+        qt += a;
+        dt += b;
+    }
+    Ok((qt, dt))
+}
+
+fn probe_one(q: &Arc<QTensor>, rows: usize) -> Result<(f64, f64)> {
+    let (_, cols) = q.shape().dims2()?;
+    let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
+    let quant = QMatMul::from_arc(q.clone())?;
+    let dense = q.dequantize(&q.device())?;
+    let best = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
+        f()?;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            f()?;
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(best)
+    };
+    let qm = best(&|| Ok(quant.forward(&x)?))?;
+    let dm = best(&|| Ok(x.matmul(&dense.t()?)?))?;
+    Ok((qm, dm))
+}
+
+/// Bytes of memory the OS reports as available (Linux `MemAvailable`), if known.
+pub fn available_memory() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Quant types whose CPU matmul has no SIMD kernel in candle; they are requantized to Q8_0
@@ -53,7 +114,9 @@ impl Linear {
     /// Wraps a quantized weight of shape (out, in), with an optional bias and dense policy.
     pub fn new(weight: Arc<QTensor>, bias: Option<Tensor>, dense: DenseMode) -> Result<Self> {
         let dense = match dense {
-            DenseMode::On { min_rows } if !is_dense_dtype(weight.dtype()) => {
+            DenseMode::On { min_rows } | DenseMode::Auto { min_rows }
+                if !is_dense_dtype(weight.dtype()) =>
+            {
                 Some((weight.dequantize(&weight.device())?, min_rows))
             }
             _ => None,

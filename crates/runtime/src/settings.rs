@@ -18,7 +18,9 @@ pub struct RuntimeSettings {
     pub prefill_chunk: usize,
     /// Requantize slow quant types to Q8_0 at load.
     pub convert_slow_quants: bool,
-    /// Use dense weights for forwards of at least this many tokens (0 = never).
+    /// Dense f32 copies of the projection weights: `auto` (measured at load), `on`, `off`.
+    pub dense: String,
+    /// Forwards of at least this many tokens use the dense copies.
     pub dense_min_rows: usize,
 }
 
@@ -29,7 +31,8 @@ impl Default for RuntimeSettings {
             device: "cpu".into(),
             prefill_chunk: 512,
             convert_slow_quants: true,
-            dense_min_rows: 0,
+            dense: "auto".into(),
+            dense_min_rows: 32,
         }
     }
 }
@@ -39,6 +42,12 @@ impl RuntimeSettings {
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
         let s: Self = toml::from_str(text)
             .map_err(|e| Error::InvalidRequest(format!("runtime settings {origin}: {e}")))?;
+        if !matches!(s.dense.as_str(), "auto" | "on" | "off") {
+            return Err(Error::InvalidRequest(format!(
+                "runtime settings {origin}: dense must be `auto`, `on` or `off`, not `{}`",
+                s.dense
+            )));
+        }
         if s.prefill_chunk == 0 {
             return Err(Error::InvalidRequest(format!(
                 "runtime settings {origin}: prefill_chunk must be at least 1"
@@ -60,9 +69,14 @@ impl RuntimeSettings {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             convert_slow_quants: self.convert_slow_quants,
-            dense: match self.dense_min_rows {
-                0 => DenseMode::Off,
-                n => DenseMode::On { min_rows: n },
+            dense: match self.dense.as_str() {
+                "on" => DenseMode::On {
+                    min_rows: self.dense_min_rows.max(1),
+                },
+                "off" => DenseMode::Off,
+                _ => DenseMode::Auto {
+                    min_rows: self.dense_min_rows.max(1),
+                },
             },
         }
     }
@@ -91,7 +105,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("prefill_chunk"), "{e}");
-        let s = RuntimeSettings::parse("dense_min_rows = 16", "z").unwrap();
+        let s = RuntimeSettings::parse("dense = \"on\"\ndense_min_rows = 16", "z").unwrap();
         assert_eq!(s.load_options().dense, DenseMode::On { min_rows: 16 });
+        assert_eq!(
+            RuntimeSettings::default().load_options().dense,
+            DenseMode::Auto { min_rows: 32 }
+        );
+        let e = RuntimeSettings::parse("dense = \"maybe\"", "w.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maybe"), "{e}");
     }
 }

