@@ -153,3 +153,39 @@ pub fn rss_bytes() -> Option<u64> {
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
 }
+
+/// Median seconds (3 runs) of one 32-token suffix over `prefix`, and of 6 rows of 32-37
+/// tokens over the same prefix in one batched forward (logits of each row's last token).
+pub fn verify_timing(
+    d: &speccompact_runtime::Decoder,
+    prefix: &std::sync::Arc<speccompact_runtime::Prefix>,
+) -> Result<(f64, f64)> {
+    use speccompact_runtime::{LogitsAt, Row};
+    let vocab = d.config().vocab_size;
+    let suffix: Vec<Vec<u32>> = (0..6)
+        .map(|r| filler_tokens(32 + r, vocab)[r..].to_vec())
+        .collect();
+    let one = median(3, || {
+        let mut s = prefix.fork();
+        d.forward(
+            &mut [Row {
+                seq: &mut s,
+                tokens: &suffix[0],
+            }],
+            LogitsAt::Last,
+        )?;
+        Ok(())
+    })?;
+    let six = median(3, || {
+        let mut seqs: Vec<_> = (0..6).map(|_| prefix.fork()).collect();
+        let mut rows: Vec<Row<'_>> = seqs
+            .iter_mut()
+            .zip(&suffix)
+            .map(|(s, t)| Row { seq: s, tokens: t })
+            .collect();
+        d.forward(&mut rows, LogitsAt::Last)?;
+        Ok(())
+    })?;
+    eprintln!("verify: one {one:.3} s, six {six:.3} s");
+    Ok((one, six))
+}

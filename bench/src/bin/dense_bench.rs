@@ -6,8 +6,8 @@
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Parser;
-use speccompact_bench::{filler_tokens, median, rss_bytes};
-use speccompact_runtime::{set_threads, DenseMode, LoadOptions, LogitsAt, Model, Row};
+use speccompact_bench::{filler_tokens, median, rss_bytes, verify_timing};
+use speccompact_runtime::{set_threads, DenseMode, LoadOptions, Model};
 use speccompact_store::Store;
 use std::fmt::Write as _;
 
@@ -115,31 +115,7 @@ fn main() -> Result<()> {
             let prefix = d
                 .prefill(&filler_tokens(args.prefix, vocab), args.chunk)?
                 .freeze()?;
-            let suffix: Vec<Vec<u32>> = (0..6)
-                .map(|r| filler_tokens(32 + r, vocab)[r..].to_vec())
-                .collect();
-            let one = median(3, || {
-                let mut s = prefix.fork();
-                d.forward(
-                    &mut [Row {
-                        seq: &mut s,
-                        tokens: &suffix[0],
-                    }],
-                    LogitsAt::Last,
-                )?;
-                Ok(())
-            })?;
-            let six = median(3, || {
-                let mut seqs: Vec<_> = (0..6).map(|_| prefix.fork()).collect();
-                let mut rows: Vec<Row<'_>> = seqs
-                    .iter_mut()
-                    .zip(&suffix)
-                    .map(|(s, t)| Row { seq: s, tokens: t })
-                    .collect();
-                d.forward(&mut rows, LogitsAt::Last)?;
-                Ok(())
-            })?;
-            eprintln!("verify one {one:.3} s six {six:.3} s");
+            let (one, six) = verify_timing(d, &prefix)?;
             writeln!(t, "| {name} | {label} | {} MiB dense (rss +{} MiB) | {} | {:.0} ms | {:.0} ms ({:.2}x) |",
                 d.dense_bytes() >> 20, rss1.saturating_sub(rss0) >> 20, cells.join(" | "), one * 1e3, six * 1e3, six / one)?;
         }

@@ -8,7 +8,7 @@
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Parser;
-use speccompact_bench::{filler_tokens, median, rss_bytes, time, Reference};
+use speccompact_bench::{filler_tokens, median, rss_bytes, time, verify_timing, Reference};
 use speccompact_runtime::{set_threads, DenseMode, LoadOptions, LogitsAt, Model, Row};
 use speccompact_store::Store;
 use std::fmt::Write as _;
@@ -30,6 +30,10 @@ struct Args {
     /// Shared-prefix length of the batched verification.
     #[arg(long, default_value_t = 2048)]
     prefix: usize,
+    /// Prefill chunk of our runtime (its default setting); the reference takes the whole
+    /// prompt in one forward, as it must.
+    #[arg(long, default_value_t = 512)]
+    chunk: usize,
     /// Skip the candle-transformers reference columns.
     #[arg(long)]
     no_reference: bool,
@@ -84,7 +88,7 @@ fn main() -> Result<()> {
         for &n in &args.prefill {
             let toks = filler_tokens(n, vocab);
             let ours = median(1, || {
-                d.prefill(&toks, n)?;
+                d.prefill(&toks, args.chunk)?;
                 Ok(())
             })?;
             let r = if args.no_reference {
@@ -159,31 +163,7 @@ fn main() -> Result<()> {
             reference: "no fork (cache is per model)".into(),
             ratio: String::new(),
         });
-        let suffix: Vec<Vec<u32>> = (0..6)
-            .map(|r| filler_tokens(32 + r, vocab)[r..].to_vec())
-            .collect();
-        let one = median(3, || {
-            let mut s = prefix.fork();
-            d.forward(
-                &mut [Row {
-                    seq: &mut s,
-                    tokens: &suffix[0],
-                }],
-                LogitsAt::Last,
-            )?;
-            Ok(())
-        })?;
-        let six = median(3, || {
-            let mut seqs: Vec<_> = (0..6).map(|_| prefix.fork()).collect();
-            let mut rows: Vec<Row<'_>> = seqs
-                .iter_mut()
-                .zip(&suffix)
-                .map(|(s, t)| Row { seq: s, tokens: t })
-                .collect();
-            d.forward(&mut rows, LogitsAt::Last)?;
-            Ok(())
-        })?;
-        eprintln!("verify: one {:.3} s, six {:.3} s", one, six);
+        let (one, six) = verify_timing(d, &prefix)?;
         lines.push(Line {
             model: name.clone(),
             metric: format!("verify 1x32 over {} prefix", args.prefix),
@@ -213,7 +193,7 @@ fn main() -> Result<()> {
         for &n in &args.prefill {
             let toks = filler_tokens(n, vocab);
             let s = median(1, || {
-                dense.decoder.prefill(&toks, n)?;
+                dense.decoder.prefill(&toks, args.chunk)?;
                 Ok(())
             })?;
             let dense_mib = dense.decoder.dense_bytes() >> 20;
@@ -248,9 +228,10 @@ fn main() -> Result<()> {
     if let Some(p) = &args.out {
         let cmd: Vec<String> = std::env::args().collect();
         let body = format!(
-            "# Runtime benchmark\n\nCommand: `{}`\n\nThreads: {}, CPU: {}\n\n{t}",
+            "# Runtime benchmark\n\nCommand: `{}`\n\nThreads: {}, prefill chunk {} (reference: one forward), CPU: {}\n\n{t}",
             cmd.join(" "),
             args.threads,
+            args.chunk,
             cpu_name()
         );
         std::fs::write(p, body).with_context(|| format!("writing {}", p.display()))?;

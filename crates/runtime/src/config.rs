@@ -214,11 +214,7 @@ impl ModelConfig {
             qk_norm,
             post_norms,
             activation,
-            embed_scale: if gemma {
-                (hidden_size as f32).sqrt()
-            } else {
-                1.0
-            },
+            embed_scale: embed_scale(arch, hidden_size),
             attn_scale: 1.0 / (head_dim as f64).sqrt(),
             sliding_window: if gemma {
                 md_u32(ct, &key("attention.sliding_window")).ok()
@@ -295,11 +291,7 @@ impl ModelConfig {
             qk_norm,
             post_norms,
             activation,
-            embed_scale: if gemma {
-                (hidden_size as f32).sqrt()
-            } else {
-                1.0
-            },
+            embed_scale: embed_scale(arch, hidden_size),
             attn_scale: 1.0 / pre_attn.sqrt(),
             sliding_window: if gemma {
                 num("sliding_window").ok()
@@ -309,6 +301,14 @@ impl ModelConfig {
             sliding_pattern: num("sliding_window_pattern").unwrap_or(6),
         }
         .validate()
+    }
+}
+
+/// Gemma multiplies token embeddings by sqrt(hidden); the others by 1.
+fn embed_scale(arch: Architecture, hidden: usize) -> f32 {
+    match arch {
+        Architecture::Gemma3 => (hidden as f32).sqrt(),
+        _ => 1.0,
     }
 }
 
