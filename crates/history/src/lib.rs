@@ -1,0 +1,123 @@
+//! Agent histories: the message model, parsers for OpenAI chat messages, Anthropic messages
+//! (content blocks with `tool_use` / `tool_result`) and JSONL of either (one message or one
+//! session with `messages` per line), and the one transcript rendering every method uses.
+//!
+//! Pipeline stages, one module each: `parse` (text -> [`History`]) and `render`
+//! ([`History`] -> transcript text).
+
+mod parse;
+mod render;
+
+pub use parse::{parse_history, parse_value};
+pub use render::{render, RenderOptions};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// System prompt.
+    System,
+    /// The user.
+    User,
+    /// The agent.
+    Assistant,
+    /// A tool's output.
+    Tool,
+}
+
+impl Role {
+    /// The role's lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// Arguments of a tool call: parsed JSON, or the original text when it is not valid JSON.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Arguments {
+    /// Valid JSON.
+    Json(serde_json::Value),
+    /// Not valid JSON: kept verbatim.
+    Raw(String),
+}
+
+/// One tool call made by the assistant.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolCall {
+    /// Call id (links the tool result).
+    pub id: Option<String>,
+    /// Tool name.
+    pub name: String,
+    /// Arguments.
+    pub arguments: Arguments,
+}
+
+/// One message of a history.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Message {
+    /// Author.
+    pub role: Role,
+    /// Text content (may be empty, e.g. an assistant turn that only calls tools).
+    pub content: String,
+    /// Tool calls of an assistant turn.
+    pub tool_calls: Vec<ToolCall>,
+    /// For tool results: the call they answer.
+    pub tool_call_id: Option<String>,
+    /// For tool results: the tool's name, when known.
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A plain text message.
+    pub fn text(role: Role, content: &str) -> Self {
+        Self {
+            role,
+            content: content.to_string(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+/// An agent history: messages in order, with an optional id (from a session record).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+pub struct History {
+    /// Session id, when the input carried one.
+    pub id: Option<String>,
+    /// The messages.
+    pub messages: Vec<Message>,
+}
+
+/// Why an input is not a history; always names where.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum HistoryError {
+    /// The text is not JSON / JSONL.
+    #[error("not JSON{}: {reason}", line.map(|l| format!(" (line {l})")).unwrap_or_default())]
+    Json {
+        /// 1-based JSONL line, if the input is JSONL.
+        line: Option<usize>,
+        /// Parser message.
+        reason: String,
+    },
+    /// JSON, but not a history.
+    #[error("message {index}: {reason}")]
+    Malformed {
+        /// 0-based message index.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No messages at all.
+    #[error("the history has no messages")]
+    Empty,
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, HistoryError>;
