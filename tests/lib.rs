@@ -4,6 +4,7 @@
 //! `SPECCOMPACT_REQUIRE_MODELS=1` (as in CI) a missing model fails the test; otherwise the
 //! test prints that it was skipped.
 
+use candle_core::{Device, Tensor};
 use speccompact_store::{Status, Store};
 use std::path::PathBuf;
 
@@ -22,4 +23,27 @@ pub fn real_model(name: &str) -> Option<PathBuf> {
             None
         }
     }
+}
+
+/// Deterministic token ids below `vocab` for numerical tests.
+pub fn tokens(n: usize, vocab: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % vocab as u32)
+        .collect()
+}
+
+/// Largest absolute elementwise difference of two tensors of equal size.
+pub fn max_diff(a: &Tensor, b: &Tensor) -> candle_core::Result<f32> {
+    let a = a.to_device(&Device::Cpu)?.flatten_all()?;
+    let b = b.to_device(&Device::Cpu)?.flatten_all()?;
+    (a - b)?.abs()?.max_all()?.to_scalar::<f32>()
+}
+
+/// Relative L2 error of `b` against `a`.
+pub fn rel_l2(a: &Tensor, b: &Tensor) -> candle_core::Result<f32> {
+    let a = a.to_device(&Device::Cpu)?.flatten_all()?;
+    let b = b.to_device(&Device::Cpu)?.flatten_all()?;
+    let num = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    let den = a.sqr()?.sum_all()?.to_scalar::<f32>()?;
+    Ok((num / den).sqrt())
 }

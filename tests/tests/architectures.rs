@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor, D};
 use speccompact_bench::HfReference;
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{Architecture, LoadOptions, LogitsAt, Model, Row};
+use speccompact_tests::{max_diff, rel_l2};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -25,41 +26,9 @@ const ARCHS: [Architecture; 4] = [
     Architecture::Gemma3,
 ];
 
+/// Token ids within the tiny vocabulary (267 entries).
 fn tokens(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + seed * 101 + 11) % 267)
-        .collect()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a.flatten_all().unwrap() - b.flatten_all().unwrap()).unwrap();
-    d.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn rel_l2(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.flatten_all().unwrap();
-    let b = b.flatten_all().unwrap();
-    let num = (&a - &b)
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let den = a
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    (num / den).sqrt()
+    speccompact_tests::tokens(n, 267, seed)
 }
 
 fn spec(arch: Architecture) -> TinyModel {
@@ -220,13 +189,13 @@ fn safetensors_match_naive_reference_for_all_architectures() -> Result<()> {
         let toks = tokens(21, 1);
         let want = naive(dir.path(), &toks, &sp, true)?;
         let got = all_logits(&m, &toks)?;
-        let d = max_diff(&want, &got);
+        let d = max_diff(&want, &got)?;
         assert!(d < TOL, "{arch:?}: max diff {d}");
         if arch == Architecture::Gemma3 {
             // The test is sensitive to the window: without it the logits differ.
             let unwindowed = naive(dir.path(), &toks, &sp, false)?;
             assert!(
-                max_diff(&unwindowed, &got) > 1e-2,
+                max_diff(&unwindowed, &got)? > 1e-2,
                 "window has no effect at 21 tokens"
             );
         }
@@ -260,7 +229,7 @@ fn safetensors_match_candle_transformers() -> Result<()> {
             .forward(&toks, 0, &Device::Cpu)
             .map_err(|e| anyhow::anyhow!("{arch:?} reference: {e}"))?;
         let got = all_logits(&m, &toks)?.get(6)?;
-        let d = max_diff(&want, &got);
+        let d = max_diff(&want, &got)?;
         assert!(d < TOL, "{arch:?}: max diff {d}");
     }
     Ok(())
@@ -282,7 +251,7 @@ fn sharded_bf16_safetensors_load() -> Result<()> {
         let d = max_diff(
             &naive(dir.path(), &toks, &sp, true)?,
             &all_logits(&m, &toks)?,
-        );
+        )?;
         assert!(d < TOL, "{arch:?}: {d}");
     }
     Ok(())
@@ -309,10 +278,10 @@ fn gguf_conversion_matches_safetensors() -> Result<()> {
             let toks = tokens(19, 4);
             let (la, lb) = (all_logits(&a, &toks)?, all_logits(&b, &toks)?);
             if exact {
-                let d = max_diff(&la, &lb);
+                let d = max_diff(&la, &lb)?;
                 assert!(d < TOL, "{arch:?} f32 GGUF vs safetensors: {d}");
             } else {
-                let e = rel_l2(&la, &lb);
+                let e = rel_l2(&la, &lb)?;
                 assert!(
                     e < 0.05 && e > 0.0,
                     "{arch:?} Q8_0 GGUF vs safetensors: {e}"
@@ -341,7 +310,7 @@ fn qwen3_gguf_matches_candle_reference() -> Result<()> {
     let mut reference = HfReference::load(dir.path(), &Device::Cpu)?;
     let want = reference.forward(&toks, 0, &Device::Cpu)?;
     let got = all_logits(&m, &toks)?.get(16)?;
-    let d = max_diff(&want, &got);
+    let d = max_diff(&want, &got)?;
     assert!(d < TOL, "qwen3 GGUF: {d}");
     Ok(())
 }
@@ -367,7 +336,7 @@ fn sliding_window_is_respected_in_decode_and_batches() -> Result<()> {
             }],
             LogitsAt::Last,
         )?;
-        let diff = max_diff(&want.get(i)?, &l[0]);
+        let diff = max_diff(&want.get(i)?, &l[0])?;
         assert!(diff < TOL, "decode position {i}: {diff}");
     }
     // A prefix longer than the window, rows at different depths in one batch.
@@ -393,7 +362,7 @@ fn sliding_window_is_respected_in_decode_and_batches() -> Result<()> {
     let out = d.forward(&mut rows, LogitsAt::All)?;
     for ((&dep, l), t) in depths.iter().zip(&out).zip(&news) {
         let w = want.narrow(0, 11 + dep, t.len())?;
-        let diff = max_diff(&w, l);
+        let diff = max_diff(&w, l)?;
         assert!(diff < TOL, "batched row at depth {dep}: {diff}");
     }
     Ok(())

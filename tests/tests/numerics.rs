@@ -12,6 +12,7 @@ use candle_core::{Device, Tensor};
 use speccompact_bench::Reference;
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{Architecture, DenseMode, LoadOptions, LogitsAt, Model, Row};
+use speccompact_tests::{max_diff, rel_l2, tokens};
 use std::path::PathBuf;
 
 type R<T> = anyhow::Result<T>;
@@ -38,26 +39,6 @@ fn write(spec: &TinyModel) -> R<(tempfile::TempDir, PathBuf)> {
     let path = dir.path().join("tiny.gguf");
     spec.write(&path)?;
     Ok((dir, path))
-}
-
-fn tokens(n: usize, vocab: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + seed * 101 + 11) % vocab as u32)
-        .collect()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> R<f32> {
-    let a = a.to_device(&Device::Cpu)?.flatten_all()?;
-    let b = b.to_device(&Device::Cpu)?.flatten_all()?;
-    Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?)
-}
-
-fn rel_l2(a: &Tensor, b: &Tensor) -> R<f32> {
-    let a = a.to_device(&Device::Cpu)?.flatten_all()?;
-    let b = b.to_device(&Device::Cpu)?.flatten_all()?;
-    let num = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
-    let den = a.sqr()?.sum_all()?.to_scalar::<f32>()?;
-    Ok((num / den).sqrt())
 }
 
 fn load(path: &PathBuf, dev: &Device, opts: LoadOptions) -> R<Model> {

@@ -4,7 +4,7 @@
 use crate::weights::Weight;
 use crate::Result;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{Module, Tensor};
 use std::sync::Arc;
 
 /// When to keep a dequantized copy of projection weights for many-token forwards.
@@ -172,11 +172,6 @@ impl Linear {
 
 fn is_dense_dtype(d: GgmlDType) -> bool {
     matches!(d, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
-}
-
-/// Dequantizes a small tensor (norm weights, biases) to f32.
-pub fn dense_f32(q: &QTensor) -> Result<Tensor> {
-    Ok(q.dequantize(&q.device())?.to_dtype(DType::F32)?)
 }
 
 #[cfg(test)]
