@@ -8,7 +8,7 @@
 mod parse;
 mod render;
 
-pub use parse::{parse_history, parse_value};
+pub use parse::{parse_history, parse_sessions, parse_value};
 pub use render::{render, RenderOptions};
 
 /// Who wrote a message.

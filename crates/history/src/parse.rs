@@ -6,14 +6,21 @@ use serde_json::Value;
 
 /// Parses a history from text: a JSON array of messages, a JSON object with `messages`
 /// (and optional `system`, `id`), or JSONL with one message or one session per line (a
-/// JSONL file of several sessions yields the first; use [`parse_value`] per line for all).
+/// JSONL file of several sessions yields the first; [`parse_sessions`] returns all).
 pub fn parse_history(text: &str) -> Result<History> {
+    let mut all = parse_sessions(text)?;
+    Ok(all.swap_remove(0))
+}
+
+/// Parses every history in a text: one for a JSON value or JSONL of messages, one per line
+/// for JSONL of session records. Never empty.
+pub fn parse_sessions(text: &str) -> Result<Vec<History>> {
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
         return Err(HistoryError::Empty);
     }
     match serde_json::from_str::<Value>(trimmed) {
-        Ok(v) => parse_value(&v),
+        Ok(v) => Ok(vec![parse_value(&v)?]),
         Err(whole) => {
             // JSONL: every non-empty line is a JSON value.
             let mut values = Vec::new();
@@ -32,8 +39,10 @@ pub fn parse_history(text: &str) -> Result<History> {
                 values.push(v);
             }
             match values.first() {
-                Some(first) if first.get("messages").is_some() => parse_value(first),
-                _ => parse_value(&Value::Array(values)),
+                Some(first) if first.get("messages").is_some() => {
+                    values.iter().map(parse_value).collect()
+                }
+                _ => Ok(vec![parse_value(&Value::Array(values))?]),
             }
         }
     }

@@ -9,12 +9,16 @@ pub struct RenderOptions {
     /// Longest tool result kept whole, in characters; longer ones keep their first and last
     /// halves around `[... N characters omitted ...]`.
     pub tool_result_cap: usize,
+    /// Messages `start..end` left out of the middle, replaced by one explicit
+    /// `[... messages start-end (N messages, C characters) omitted ...]` line.
+    pub omit: Option<std::ops::Range<usize>>,
 }
 
 impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             tool_result_cap: 4000,
+            omit: None,
         }
     }
 }
@@ -35,7 +39,22 @@ fn cap(text: &str, limit: usize) -> String {
 /// `[tool name]` for results.
 pub fn render(h: &History, opts: &RenderOptions) -> String {
     let mut out = String::new();
-    for m in &h.messages {
+    for (i, m) in h.messages.iter().enumerate() {
+        if let Some(r) = opts.omit.as_ref().filter(|r| r.contains(&i)) {
+            if i == r.start {
+                let n = r.end.min(h.messages.len()) - r.start;
+                let chars: usize = h.messages[r.start..r.start + n]
+                    .iter()
+                    .map(|m| m.content.chars().count())
+                    .sum();
+                out.push_str(&format!(
+                    "[... messages {}-{} ({n} messages, {chars} characters) omitted ...]\n\n",
+                    r.start + 1,
+                    r.start + n
+                ));
+            }
+            continue;
+        }
         match m.role {
             Role::Tool => {
                 let label = m.name.as_deref().unwrap_or("result");

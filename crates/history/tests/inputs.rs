@@ -62,6 +62,7 @@ fn long_tool_results_are_capped_with_a_marker() {
         &h,
         &RenderOptions {
             tool_result_cap: 100,
+            omit: None,
         },
     );
     assert!(t.contains("[... 900 characters omitted ...]"), "{t}");
@@ -124,4 +125,33 @@ fn evaluation_sessions_load_directly() {
         parse_history(&text).unwrap().id.as_deref(),
         Some("tau-airline-task49-trial0")
     );
+    // Every session of the file, in order.
+    let all = speccompact_history::parse_sessions(&text).unwrap();
+    assert_eq!(all.len(), 6);
+    assert_eq!(all[5].id.as_deref(), Some("bfcl-memory-notetaker"));
+}
+
+#[test]
+fn a_middle_cut_is_marked_and_keeps_both_ends() {
+    let msgs: Vec<_> = (0..6)
+        .map(|i| serde_json::json!({"role":"user","content": format!("m{i}-text")}))
+        .collect();
+    let h = parse_value(&serde_json::Value::Array(msgs)).unwrap();
+    let t = render(
+        &h,
+        &RenderOptions {
+            omit: Some(2..5),
+            ..RenderOptions::default()
+        },
+    );
+    assert!(
+        t.contains("[... messages 3-5 (3 messages, 21 characters) omitted ...]"),
+        "{t}"
+    );
+    for kept in ["m0-text", "m1-text", "m5-text"] {
+        assert!(t.contains(kept), "{kept} missing: {t}");
+    }
+    for gone in ["m2-text", "m3-text", "m4-text"] {
+        assert!(!t.contains(gone), "{gone} kept: {t}");
+    }
 }

@@ -5,6 +5,7 @@ use crate::cache::Sequence;
 use crate::decoder::{argmax, Decoder, LogitsAt, Row};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
+use candle_core::Tensor;
 
 /// When a continuation ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,11 +76,27 @@ pub fn greedy(
     prompts: &[&[u32]],
     rules: &StopRules,
 ) -> Result<Vec<Continuation>> {
-    if seqs.len() != prompts.len() {
+    let rules = vec![rules.clone(); seqs.len()];
+    greedy_rows(decoder, tok, seqs, prompts, &rules, |_, _| Ok(()))
+}
+
+/// [`greedy`] with stop rules per row, calling `first(i, logits)` with row `i`'s next-token
+/// logits after its prompt (before any token is generated). A row with
+/// `max_new_tokens == 1` is a one-forward scoring request batched with the others.
+pub fn greedy_rows(
+    decoder: &Decoder,
+    tok: &Tokenizer,
+    seqs: &mut [&mut Sequence],
+    prompts: &[&[u32]],
+    rules: &[StopRules],
+    mut first: impl FnMut(usize, &Tensor) -> Result<()>,
+) -> Result<Vec<Continuation>> {
+    if seqs.len() != prompts.len() || seqs.len() != rules.len() {
         return Err(Error::InvalidRequest(format!(
-            "{} sequences but {} prompts",
+            "{} sequences, {} prompts and {} rule sets",
             seqs.len(),
-            prompts.len()
+            prompts.len(),
+            rules.len()
         )));
     }
     let n = seqs.len();
@@ -87,8 +104,8 @@ pub fn greedy(
     let mut gen: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut done: Vec<Option<(StopReason, Option<u32>, String)>> = vec![None; n];
     let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
-    if rules.max_new_tokens == 0 {
-        for d in done.iter_mut() {
+    for (d, r) in done.iter_mut().zip(rules) {
+        if r.max_new_tokens == 0 {
             *d = Some((StopReason::MaxTokens, None, String::new()));
         }
     }
@@ -129,6 +146,10 @@ pub fn greedy(
             decoder.forward(&mut rows, LogitsAt::Last)?
         };
         for (&i, l) in active.iter().zip(&logits) {
+            let rules = &rules[i];
+            if gen[i].is_empty() {
+                first(i, l)?;
+            }
             let t = argmax(l)?;
             if rules.stop_tokens.contains(&t) {
                 done[i] = Some((StopReason::StopToken, Some(t), tok.decode(&gen[i])?));

@@ -24,7 +24,7 @@ pub use config::{Activation, Architecture, ModelConfig, RopeStyle};
 pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Row};
 pub use device::{parse_device, set_threads, threads};
 pub use error::{Error, Result};
-pub use generate::{greedy, Continuation, StopReason, StopRules};
+pub use generate::{greedy, greedy_rows, Continuation, StopReason, StopRules};
 pub use linear::{DenseDecision, DenseMode};
 pub use model::{read_gguf, Model};
 pub use settings::RuntimeSettings;

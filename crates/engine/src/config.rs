@@ -1,0 +1,275 @@
+//! Compaction settings and the slot schema, as written in `configs/compaction.toml` (whose
+//! text is also the built-in default).
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The built-in settings file.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/compaction.toml");
+
+/// One section of the summary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotSpec {
+    /// Machine name (`goal`, `progress`, ...).
+    pub name: String,
+    /// Heading shown in the summary.
+    pub title: String,
+    /// What belongs in it, in words the models read.
+    pub contract: String,
+    /// The body's shape, in words the models read.
+    pub format: String,
+}
+
+/// The texts every model sees, in the project's own words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prompts {
+    /// System message.
+    pub system: String,
+    /// Line before the history.
+    pub intro: String,
+    /// Text before the section list.
+    pub outline: String,
+    /// Request for one section (`{title}`, `{contract}` are filled in).
+    pub section: String,
+    /// Request for the whole summary (sequential baseline).
+    pub whole: String,
+    /// Definition of the verification question, placed in the shared prefix.
+    pub judge_rule: String,
+    /// The verification question asked after each proposed line.
+    pub judge: String,
+}
+
+/// What to do with a history that does not fit the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    /// Fail with the token counts.
+    Error,
+    /// Leave messages out of the middle, with an explicit marker.
+    MiddleCut,
+}
+
+/// Whether the drafter's and the target's batches of one round run at the same time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// Only on a GPU device.
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Every compaction setting.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// Drafter model: store name or path.
+    pub drafter: String,
+    /// Target model: store name or path.
+    pub target: String,
+    /// Acceptance threshold on r = p+ / (p+ + p-).
+    pub eta: f32,
+    /// Next-token candidates inspected per judgment.
+    pub top_k: usize,
+    /// Token texts that count as "yes".
+    pub positive_labels: Vec<String>,
+    /// Token texts that count as "no".
+    pub negative_labels: Vec<String>,
+    /// Tokens per drafter call.
+    pub draft_tokens: usize,
+    /// Tokens per repair.
+    pub repair_tokens: usize,
+    /// Longest line in characters.
+    pub max_line_chars: usize,
+    /// Most lines per slot.
+    pub slot_max_lines: usize,
+    /// Most target tokens per slot.
+    pub slot_max_tokens: usize,
+    /// Most target tokens for the assembled summary.
+    pub summary_budget: usize,
+    /// Longest tool result kept whole in the transcript (characters).
+    pub tool_result_cap: usize,
+    /// Over-long histories: error or middle cut.
+    pub overflow: Overflow,
+    /// Drafter/target overlap.
+    pub overlap: Overlap,
+    /// Prompt texts.
+    pub prompts: Prompts,
+    /// The summary's sections, in order.
+    pub slots: Vec<SlotSpec>,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        // The embedded file is checked by a unit test; failing here would be a build defect.
+        Self::parse(DEFAULT_CONFIG, "built-in").unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+fn config_err(origin: &str, reason: impl Into<String>) -> Error {
+    Error::Config {
+        origin: origin.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl CompactionConfig {
+    /// Parses a complete settings text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let c: Self = toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
+        c.validate(origin)?;
+        Ok(c)
+    }
+
+    /// Reads a settings file whose keys override the built-in defaults.
+    pub fn load(path: &Path) -> Result<Self> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| config_err(&origin, format!("cannot read: {e}")))?;
+        Self::overlay(&text, &origin)
+    }
+
+    /// The built-in defaults with the keys of `text` replacing theirs.
+    pub fn overlay(text: &str, origin: &str) -> Result<Self> {
+        let mut base: toml::Table =
+            toml::from_str(DEFAULT_CONFIG).map_err(|e| config_err("built-in", e.to_string()))?;
+        let over: toml::Table =
+            toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
+        for (k, v) in over {
+            match (base.get_mut(&k), v) {
+                (Some(toml::Value::Table(b)), toml::Value::Table(o)) => b.extend(o),
+                (_, v) => {
+                    base.insert(k, v);
+                }
+            }
+        }
+        let c: Self = toml::Value::Table(base)
+            .try_into()
+            .map_err(|e: toml::de::Error| config_err(origin, e.to_string()))?;
+        c.validate(origin)?;
+        Ok(c)
+    }
+
+    /// Checks ranges and the schema.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        if !(self.eta > 0.0 && self.eta <= 1.0) {
+            return Err(config_err(
+                origin,
+                format!("eta must be in (0, 1], not {}", self.eta),
+            ));
+        }
+        for (key, v) in [
+            ("top_k", self.top_k),
+            ("draft_tokens", self.draft_tokens),
+            ("repair_tokens", self.repair_tokens),
+            ("max_line_chars", self.max_line_chars),
+            ("slot_max_lines", self.slot_max_lines),
+            ("slot_max_tokens", self.slot_max_tokens),
+            ("summary_budget", self.summary_budget),
+        ] {
+            if v == 0 {
+                return Err(config_err(origin, format!("{key} must be at least 1")));
+            }
+        }
+        if self.positive_labels.is_empty() || self.negative_labels.is_empty() {
+            return Err(config_err(
+                origin,
+                "positive_labels and negative_labels must not be empty",
+            ));
+        }
+        if let Some(l) = self
+            .positive_labels
+            .iter()
+            .find(|l| self.negative_labels.contains(l))
+        {
+            return Err(config_err(
+                origin,
+                format!("label `{l}` is both positive and negative"),
+            ));
+        }
+        if self.slots.is_empty() {
+            return Err(config_err(origin, "the schema has no slots"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &self.slots {
+            if s.name.trim().is_empty() || s.title.trim().is_empty() {
+                return Err(config_err(origin, "every slot needs a name and a title"));
+            }
+            if !seen.insert(s.name.as_str()) {
+                return Err(config_err(
+                    origin,
+                    format!("slot `{}` appears twice", s.name),
+                ));
+            }
+        }
+        for (key, text) in [("prompts.section", &self.prompts.section)] {
+            if !text.contains("{title}") {
+                return Err(config_err(origin, format!("{key} must contain {{title}}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot with this name.
+    pub fn slot(&self, name: &str) -> Option<&SlotSpec> {
+        self.slots.iter().find(|s| s.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_config_parses_with_six_slots() {
+        let c = CompactionConfig::parse(DEFAULT_CONFIG, "built-in").unwrap();
+        let names: Vec<_> = c.slots.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "goal",
+                "constraints_preferences",
+                "progress",
+                "key_decisions",
+                "next_steps",
+                "critical_context"
+            ]
+        );
+        assert_eq!(c.eta, 0.7);
+        assert_eq!(c.top_k, 20);
+    }
+
+    #[test]
+    fn overlay_replaces_only_given_keys() {
+        let c = CompactionConfig::overlay("eta = 0.5\n[prompts]\njudge = \"Ok?\"\n", "t").unwrap();
+        assert_eq!(c.eta, 0.5);
+        assert_eq!(c.prompts.judge, "Ok?");
+        assert_eq!(c.prompts.system, CompactionConfig::default().prompts.system);
+        assert_eq!(c.slots.len(), 6);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = CompactionConfig::overlay("eta = 1.5", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f.toml") && e.contains("eta"), "{e}");
+        let e = CompactionConfig::overlay("top_k = 0", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("top_k"), "{e}");
+        let e = CompactionConfig::overlay("etaa = 0.5", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("etaa"), "{e}");
+        let e = CompactionConfig::overlay("positive_labels = [\"No\"]", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("both"), "{e}");
+    }
+}

@@ -1,0 +1,37 @@
+//! speccompact's compaction engine.
+//!
+//! An agent history becomes a six-slot summary. In the `speculative` method a small drafter
+//! proposes each slot's lines, a large target judges every line with one next-token
+//! distribution over a cache in which the history and the whole schema are prefilled once, and
+//! the target rewrites the lines it rejects. The baselines (`sequential`, `target-self`,
+//! `drafter-only`) run in the same engine with the same rendering and budgets.
+//!
+//! Stages, one module each: `config` (settings and slot schema), `prompt` (chat framing and
+//! the texts every model sees), `backend` (the [`Backend`] seam: batched generation and
+//! scoring after a shared prefix), `model_backend` (the runtime behind it), `scripted` (a
+//! backend whose outputs a test chooses), `judge` (label scoring), `lines` (line checks),
+//! `speculative` (the slot streams), `baselines`, `compactor` (the public API and the
+//! result types).
+
+pub mod backend;
+pub mod baselines;
+pub mod compactor;
+pub mod config;
+mod error;
+pub mod judge;
+pub mod lines;
+pub mod model_backend;
+pub mod prompt;
+pub mod scripted;
+pub mod speculative;
+
+pub use backend::{Backend, Generated, Request, RequestKind, Response};
+pub use compactor::{
+    Compaction, Compactor, Event, LineOut, Method, Origin, SlotOut, SlotStop, Trace,
+};
+pub use config::{CompactionConfig, Overflow, Overlap, Prompts, SlotSpec};
+pub use error::{Error, Result};
+pub use judge::{score, Judgment};
+pub use model_backend::ModelBackend;
+pub use prompt::ChatFormat;
+pub use scripted::Scripted;

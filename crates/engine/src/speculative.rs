@@ -1,0 +1,421 @@
+//! The speculative method: six slot streams, each with an accepted prefix A. Per round,
+//! every stream that needs lines asks the drafter (one batch), every stream with a proposed
+//! line asks the target for one judgment (one batch) and every stream with a rejected line
+//! asks the target for its replacement (one batch); the drafter's and the target's batches of
+//! a round may run at the same time. Lines drafted after the first wait in a buffer that is
+//! valid only while A is exactly what they were drafted after.
+
+use crate::backend::{Generated, Request, RequestKind, Response};
+use crate::compactor::{Event, Job, LineOut, Origin, SlotOut, SlotStop};
+use crate::judge::score;
+use crate::lines::{check, Check};
+use crate::{prompt, Backend, Error, Result};
+use speccompact_runtime::StopReason;
+use std::collections::VecDeque;
+
+/// One buffered draft item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Item {
+    Line(String),
+    /// The drafter ended the section here.
+    End,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum State {
+    Draft,
+    Verify(String),
+    Repair,
+    Done(SlotStop),
+}
+
+struct Stream {
+    slot: usize,
+    lines: Vec<LineOut>,
+    tokens: usize,
+    state: State,
+    buffer: VecDeque<Item>,
+    /// The accepted texts the buffer's front item was drafted after.
+    expect: Vec<String>,
+}
+
+impl Stream {
+    fn texts(&self) -> Vec<String> {
+        self.lines.iter().map(|l| l.text.clone()).collect()
+    }
+
+    fn content_lines(&self) -> usize {
+        self.lines
+            .iter()
+            .filter(|l| !l.text.trim().is_empty())
+            .count()
+    }
+
+    fn prompt(&self, head: &str) -> Vec<String> {
+        let mut p = Vec::with_capacity(self.lines.len() + 3);
+        p.push(head.to_string());
+        p.extend(self.lines.iter().map(|l| format!("{}\n", l.text)));
+        p
+    }
+
+    fn clear_buffer(&mut self) {
+        self.buffer.clear();
+        self.expect.clear();
+    }
+}
+
+/// What taking a line into A does.
+enum Admit {
+    Added,
+    Stopped(SlotStop),
+}
+
+/// Adds a line to A unless a cap stops the slot first.
+fn admit<B: Backend>(
+    job: &mut Job<'_, B>,
+    s: &mut Stream,
+    text: String,
+    origin: Origin,
+    r: Option<f32>,
+) -> Result<Admit> {
+    let cfg = job.cfg;
+    if !text.trim().is_empty() && s.content_lines() >= cfg.slot_max_lines {
+        return Ok(Admit::Stopped(SlotStop::MaxLines));
+    }
+    let t = job.line_tokens(&text)?;
+    if s.tokens + t > cfg.slot_max_tokens {
+        return Ok(Admit::Stopped(SlotStop::TokenBudget));
+    }
+    s.tokens += t;
+    job.emit(Event::LineAccepted {
+        slot: cfg.slots[s.slot].name.clone(),
+        text: text.clone(),
+        origin,
+        r,
+    });
+    s.lines.push(LineOut { text, origin, r });
+    Ok(Admit::Added)
+}
+
+fn finish<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, stop: SlotStop) {
+    s.state = State::Done(stop);
+    s.clear_buffer();
+    job.emit(Event::SlotDone {
+        slot: job.cfg.slots[s.slot].name.clone(),
+        stop,
+    });
+}
+
+/// Takes one drafted line through the checks: it is kept, dropped, or moves the stream to
+/// verification or repair.
+fn propose<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) -> Result<()> {
+    let c = check(&line, &s.texts(), job.cfg.max_line_chars);
+    let slot = job.cfg.slots[s.slot].name.clone();
+    match c {
+        Check::Blank => {
+            // Formatting: kept after a content line, dropped at the start or after a blank.
+            if s.lines.last().is_some_and(|l| !l.text.trim().is_empty()) {
+                if let Admit::Stopped(stop) = admit(job, s, String::new(), Origin::Auto, None)? {
+                    finish(job, s, stop);
+                }
+            }
+        }
+        Check::EndOfSlot => finish(job, s, SlotStop::Complete),
+        Check::Auto => {
+            job.trace.lines_proposed += 1;
+            match admit(job, s, line.trim_end().to_string(), Origin::Auto, None)? {
+                Admit::Added => job.trace.lines_accepted += 1,
+                Admit::Stopped(stop) => finish(job, s, stop),
+            }
+        }
+        Check::Duplicate | Check::TooLong => {
+            job.trace.lines_proposed += 1;
+            job.trace.lines_failed_checks += 1;
+            job.emit(Event::LineRejected {
+                slot,
+                text: line,
+                r: None,
+            });
+            s.clear_buffer();
+            s.state = State::Repair;
+        }
+        Check::Verify => {
+            job.trace.lines_proposed += 1;
+            s.state = State::Verify(line.trim_end().to_string());
+        }
+    }
+    Ok(())
+}
+
+/// Uses buffered lines while they are valid for A.
+fn drain_buffer<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream) -> Result<()> {
+    while s.state == State::Draft {
+        if s.expect != s.texts() {
+            s.clear_buffer();
+        }
+        let Some(item) = s.buffer.pop_front() else {
+            return Ok(());
+        };
+        match item {
+            Item::End if s.lines.is_empty() => {
+                // The drafter wrote nothing: the target gets a chance to write the slot.
+                s.clear_buffer();
+                s.state = State::Repair;
+            }
+            Item::End => finish(job, s, SlotStop::Complete),
+            Item::Line(l) => {
+                // The buffer stays valid while A grows by exactly the drafted lines (a blank
+                // line dropped as surplus formatting leaves A unchanged and is skipped).
+                let pending = l.trim_end().to_string();
+                propose(job, s, l)?;
+                match &s.state {
+                    State::Verify(_) => s.expect.push(pending),
+                    State::Draft => s.expect = s.texts(),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits a drafter continuation into complete lines (and an end marker when the drafter
+/// ended the section); a trailing partial line is discarded, unless it is all there is.
+fn split_draft(g: &Generated) -> Vec<Item> {
+    let mut parts: Vec<&str> = g.text.split('\n').collect();
+    let last = parts.pop().unwrap_or("");
+    let mut items: Vec<Item> = parts
+        .into_iter()
+        .map(|p| Item::Line(p.to_string()))
+        .collect();
+    match g.reason {
+        StopReason::StopToken => {
+            if !last.trim().is_empty() {
+                items.push(Item::Line(last.to_string()));
+            }
+            items.push(Item::End);
+        }
+        _ if items.is_empty() => items.push(Item::Line(last.to_string())),
+        _ => {}
+    }
+    items
+}
+
+fn generated(resp: Response, who: &str) -> Result<Generated> {
+    match resp {
+        Response::Generated(g) => Ok(g),
+        Response::Judged(_) => Err(Error::Backend {
+            backend: who.to_string(),
+            reason: "answered a generation request with a judgment".into(),
+        }),
+    }
+}
+
+/// Runs the speculative method over an open job.
+pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
+    let cfg = job.cfg;
+    let dreq: Vec<String> = cfg
+        .slots
+        .iter()
+        .map(|s| prompt::slot_request(job.drafter.format(), cfg, s))
+        .collect();
+    let treq: Vec<String> = cfg
+        .slots
+        .iter()
+        .map(|s| prompt::slot_request(job.target.format(), cfg, s))
+        .collect();
+    let question = prompt::judge_question(job.target.format(), cfg);
+    let mut streams: Vec<Stream> = (0..cfg.slots.len())
+        .map(|slot| Stream {
+            slot,
+            lines: Vec::new(),
+            tokens: 0,
+            state: State::Draft,
+            buffer: VecDeque::new(),
+            expect: Vec::new(),
+        })
+        .collect();
+    // Each round adds or ends something on every live stream except through repair after a
+    // rejection, so 3 rounds per possible line bound it; reaching the bound is reported.
+    let max_rounds = 3 * (cfg.slot_max_lines + 2) + 4;
+    for _round in 0..max_rounds {
+        for s in streams.iter_mut() {
+            drain_buffer(job, s)?;
+        }
+        let drafts: Vec<Request> = streams
+            .iter()
+            .filter(|s| s.state == State::Draft)
+            .map(|s| Request {
+                stream: s.slot,
+                prompt: s.prompt(&dreq[s.slot]),
+                kind: RequestKind::Generate {
+                    max_tokens: cfg.draft_tokens,
+                    stop_at_newline: false,
+                },
+            })
+            .collect();
+        let verifies: Vec<Request> = streams
+            .iter()
+            .filter_map(|s| match &s.state {
+                State::Verify(line) => {
+                    let mut p = s.prompt(&treq[s.slot]);
+                    p.push(format!("{line}\n"));
+                    p.push(question.clone());
+                    Some(Request {
+                        stream: s.slot,
+                        prompt: p,
+                        kind: RequestKind::Judge { top_k: cfg.top_k },
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        let repairs: Vec<Request> = streams
+            .iter()
+            .filter(|s| s.state == State::Repair)
+            .map(|s| Request {
+                stream: s.slot,
+                prompt: s.prompt(&treq[s.slot]),
+                kind: RequestKind::Generate {
+                    max_tokens: cfg.repair_tokens,
+                    stop_at_newline: true,
+                },
+            })
+            .collect();
+        if drafts.is_empty() && verifies.is_empty() && repairs.is_empty() {
+            break;
+        }
+        // The target's batches of this round (verification, then repair) and the drafter's.
+        let target_work = |job: &mut Job<'_, B>| -> Result<_> {
+            let v = job.run_target(&verifies)?;
+            let r = job.run_target(&repairs)?;
+            Ok((v, r))
+        };
+        let ((vout, vms), (rout, rms), (dout, dms)) = if job.overlap && !drafts.is_empty() {
+            let drafter = job.drafter;
+            let mut dsess = job.dsess.take();
+            let res = std::thread::scope(|sc| {
+                let h = sc.spawn(|| match dsess.as_mut() {
+                    Some(sess) => crate::compactor::run_timed(drafter, sess, &drafts),
+                    None => Err(Error::Backend {
+                        backend: drafter.name().to_string(),
+                        reason: "drafter session not open".into(),
+                    }),
+                });
+                let t = target_work(job);
+                let d = h.join().unwrap_or_else(|_| {
+                    Err(Error::Backend {
+                        backend: drafter.name().to_string(),
+                        reason: "drafter thread panicked".into(),
+                    })
+                });
+                (t, d)
+            });
+            job.dsess = dsess;
+            let (t, d) = res;
+            let (v, r) = t?;
+            (v, r, d?)
+        } else {
+            let d = job.run_drafter(&drafts)?;
+            let (v, r) = target_work(job)?;
+            (v, r, d)
+        };
+        let t = &mut job.trace;
+        t.draft_ms += dms;
+        t.verify_ms += vms;
+        t.repair_ms += rms;
+        t.drafter_calls += drafts.len();
+        t.verify_calls += verifies.len();
+        t.repair_calls += repairs.len();
+        t.batches += [&drafts, &verifies, &repairs]
+            .iter()
+            .filter(|b| !b.is_empty())
+            .count();
+
+        for (req, resp) in drafts.iter().zip(dout) {
+            let g = generated(resp, job.drafter.name())?;
+            job.trace.drafter_tokens += g.tokens;
+            let s = &mut streams[req.stream];
+            s.buffer = split_draft(&g).into();
+            s.expect = s.texts();
+        }
+        for (req, resp) in verifies.iter().zip(vout) {
+            let Response::Judged(top) = resp else {
+                return Err(Error::Backend {
+                    backend: job.target.name().to_string(),
+                    reason: "answered a judgment with a generation".into(),
+                });
+            };
+            let j = score(&top, &cfg.positive_labels, &cfg.negative_labels);
+            let s = &mut streams[req.stream];
+            let State::Verify(line) = std::mem::replace(&mut s.state, State::Draft) else {
+                continue;
+            };
+            if j.accepts(cfg.eta) {
+                match admit(job, s, line, Origin::Draft, Some(j.r))? {
+                    Admit::Added => job.trace.lines_accepted += 1,
+                    Admit::Stopped(stop) => finish(job, s, stop),
+                }
+            } else {
+                job.trace.lines_rejected += 1;
+                job.emit(Event::LineRejected {
+                    slot: cfg.slots[s.slot].name.clone(),
+                    text: line,
+                    r: Some(j.r),
+                });
+                s.clear_buffer();
+                s.state = State::Repair;
+            }
+        }
+        for (req, resp) in repairs.iter().zip(rout) {
+            let g = generated(resp, job.target.name())?;
+            job.trace.target_tokens += g.tokens;
+            let s = &mut streams[req.stream];
+            s.clear_buffer();
+            s.state = State::Draft;
+            let text = g.text.trim_end().to_string();
+            let ended = g.reason == StopReason::StopToken;
+            if text.trim().is_empty() {
+                let stop = if ended && !s.lines.is_empty() {
+                    SlotStop::Complete
+                } else {
+                    SlotStop::RepairFailed
+                };
+                finish(job, s, stop);
+                continue;
+            }
+            match check(&text, &s.texts(), cfg.max_line_chars) {
+                Check::EndOfSlot => {
+                    finish(job, s, SlotStop::Complete);
+                    continue;
+                }
+                Check::Duplicate | Check::TooLong => {
+                    finish(job, s, SlotStop::RepairFailed);
+                    continue;
+                }
+                _ => {}
+            }
+            match admit(job, s, text, Origin::Repair, None)? {
+                Admit::Added => {
+                    job.trace.lines_repaired += 1;
+                    if ended {
+                        finish(job, s, SlotStop::Complete);
+                    }
+                }
+                Admit::Stopped(stop) => finish(job, s, stop),
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(streams.len());
+    for mut s in streams {
+        let stop = match s.state {
+            State::Done(stop) => stop,
+            _ => {
+                finish(job, &mut s, SlotStop::RoundLimit);
+                SlotStop::RoundLimit
+            }
+        };
+        out.push(SlotOut::new(&cfg.slots[s.slot], s.lines, stop, s.tokens));
+    }
+    Ok(out)
+}
