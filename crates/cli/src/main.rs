@@ -1,8 +1,11 @@
-//! `speccompact`: model store management and greedy generation with the runtime.
+//! `speccompact`: compaction of agent histories (`compact`), method comparison (`bench`),
+//! model store management and greedy generation with the runtime.
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use speccompact_engine::{CompactionConfig, Compactor, Event, Method, Overflow};
+use speccompact_history::{parse_sessions, History};
 use speccompact_runtime::{
     greedy, parse_device, set_threads, ChatMessage, Model, RuntimeSettings, StopRules,
 };
@@ -19,7 +22,7 @@ use std::time::Instant;
 struct Cli {
     /// Runtime settings file (see configs/runtime.toml); flags below override it.
     #[arg(long, global = true)]
-    config: Option<PathBuf>,
+    runtime_config: Option<PathBuf>,
     /// CPU threads for every kernel (0 = all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
@@ -30,8 +33,69 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// Model and settings choices shared by `compact` and `bench`.
+#[derive(clap::Args)]
+struct EngineArgs {
+    /// Drafter: store name or path (default from the settings: smollm2-135m-instruct).
+    #[arg(long)]
+    drafter: Option<String>,
+    /// Target: store name or path (default from the settings: qwen2.5-coder-0.5b-instruct).
+    #[arg(long)]
+    target: Option<String>,
+    /// Acceptance threshold on p_yes / (p_yes + p_no).
+    #[arg(long)]
+    eta: Option<f32>,
+    /// Compaction settings file (see configs/compaction.toml); keys given replace the
+    /// built-in defaults, flags win over the file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A history over the models' context: `error` or `middle-cut`.
+    #[arg(long)]
+    overflow: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Compact an agent history (OpenAI / Anthropic messages, JSON or JSONL; `-` for stdin)
+    /// into the six-slot summary.
+    Compact {
+        /// History file, or `-` for standard input.
+        input: String,
+        /// Session id, for a JSONL file of several sessions.
+        #[arg(long)]
+        session: Option<String>,
+        /// speculative, sequential, target-self or drafter-only.
+        #[arg(long, default_value = "speculative")]
+        method: String,
+        /// Output: `md` (the summary) or `json` (slots, lines with origins, trace).
+        #[arg(long, default_value = "md")]
+        format: String,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Run every method on every session of a JSONL file in one process and compare them.
+    Bench {
+        /// JSONL file of sessions (objects with `messages`).
+        #[arg(long)]
+        data: PathBuf,
+        /// Methods, comma-separated.
+        #[arg(
+            long,
+            default_value = "speculative,sequential,target-self,drafter-only"
+        )]
+        methods: String,
+        /// Only the first N sessions.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Output: `table` (markdown) or `json` (`runs` and `summary`).
+        #[arg(long, default_value = "table")]
+        format: String,
+        /// Also write the output to this file (atomically).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Manage the model store.
     Models {
         #[command(subcommand)]
@@ -93,6 +157,108 @@ fn resolve(store: &Store, name: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// Runtime settings from `--runtime-config`, with `--threads` / `--device` applied and the
+/// thread pool set.
+fn runtime_settings(cli: &Cli) -> Result<RuntimeSettings> {
+    let mut settings = match &cli.runtime_config {
+        Some(p) => RuntimeSettings::load(p)?,
+        None => RuntimeSettings::default(),
+    };
+    if let Some(t) = cli.threads {
+        settings.threads = t;
+    }
+    if let Some(d) = &cli.device {
+        settings.device = d.clone();
+    }
+    set_threads(settings.threads)?;
+    Ok(settings)
+}
+
+/// Loads the compaction settings and both models.
+fn compactor(cli: &Cli, store: &Store, a: &EngineArgs) -> Result<Compactor> {
+    let mut cfg = match &a.config {
+        Some(p) => CompactionConfig::load(p)?,
+        None => CompactionConfig::default(),
+    };
+    if let Some(d) = &a.drafter {
+        cfg.drafter = d.clone();
+    }
+    if let Some(t) = &a.target {
+        cfg.target = t.clone();
+    }
+    if let Some(e) = a.eta {
+        cfg.eta = e;
+    }
+    if let Some(o) = &a.overflow {
+        cfg.overflow = match o.as_str() {
+            "error" => Overflow::Error,
+            "middle-cut" => Overflow::MiddleCut,
+            _ => bail!("unknown --overflow `{o}` (error, middle-cut)"),
+        };
+    }
+    cfg.validate("command line")?;
+    let settings = runtime_settings(cli)?;
+    let (bar, mut cb) = progress_bar();
+    let t0 = Instant::now();
+    let c = Compactor::load(cfg, &settings, store, &mut cb)?;
+    bar.finish_and_clear();
+    tracing::info!(
+        drafter = c.config().drafter.as_str(),
+        target = c.config().target.as_str(),
+        ms = t0.elapsed().as_millis() as u64,
+        "models loaded"
+    );
+    Ok(c)
+}
+
+/// Reads a history file (or stdin) and picks the session.
+fn read_history(input: &str, session: Option<&str>) -> Result<History> {
+    let text = if input == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(input).with_context(|| format!("reading {input}"))?
+    };
+    let mut all = parse_sessions(&text).with_context(|| format!("parsing {input}"))?;
+    match session {
+        Some(id) => {
+            let i = all
+                .iter()
+                .position(|h| h.id.as_deref() == Some(id))
+                .with_context(|| {
+                    let ids: Vec<_> = all.iter().filter_map(|h| h.id.as_deref()).collect();
+                    format!("{input} has no session `{id}` (it has: {})", ids.join(", "))
+                })?;
+            Ok(all.swap_remove(i))
+        }
+        None if all.len() > 1 => {
+            let ids: Vec<_> = all.iter().filter_map(|h| h.id.as_deref()).collect();
+            bail!(
+                "{input} holds {} sessions; pick one with --session ID ({})",
+                all.len(),
+                ids.join(", ")
+            )
+        }
+        None => Ok(all.swap_remove(0)),
+    }
+}
+
+/// Writes `text` to `path` through a temporary file in the same folder, so an interrupted
+/// run never leaves a partial file in place of an earlier one.
+fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing into {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+    tmp.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -103,7 +269,7 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     let store = Store::open_default()?;
-    match cli.cmd {
+    match &cli.cmd {
         Cmd::Models { cmd } => match cmd {
             ModelsCmd::List => {
                 println!("{:<32} {:<8} {:<8} {:>12}  status", "name", "arch", "role", "bytes");
@@ -131,18 +297,97 @@ fn main() -> Result<()> {
             },
             ModelsCmd::Path { name } => println!("{}", store.path(&name)?.display()),
         },
-        Cmd::Generate { model, prompt, max_tokens, raw } => {
-            let mut settings = match &cli.config {
-                Some(p) => RuntimeSettings::load(p)?,
-                None => RuntimeSettings::default(),
+        Cmd::Compact { input, session, method, format, engine } => {
+            let method: Method = method.parse()?;
+            if !matches!(format.as_str(), "md" | "json") {
+                bail!("unknown --format `{format}` (md, json)");
+            }
+            let history = read_history(input, session.as_deref())?;
+            let c = compactor(&cli, &store, engine)?;
+            let bar = ProgressBar::new_spinner();
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
+            bar.set_message(format!("{method}: prefilling {} messages", history.messages.len()));
+            let (mut kept, mut rejected, mut slots_done) = (0, 0, 0);
+            let total = c.config().slots.len();
+            let out = c.compact_blocking(&history, method, &mut |e| {
+                match e {
+                    Event::LineAccepted { .. } => kept += 1,
+                    Event::LineRejected { .. } => rejected += 1,
+                    Event::SlotDone { .. } => slots_done += 1,
+                    Event::Prefilled { .. } => {}
+                }
+                bar.set_message(format!(
+                    "{method}: {kept} lines kept, {rejected} rejected, {slots_done}/{total} slots done"
+                ));
+            })?;
+            bar.finish_and_clear();
+            if format == "json" {
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                print!("{}", out.markdown);
+                let t = &out.trace;
+                eprintln!(
+                    "[{method}: {:.1} s (prefill {:.1} s), {} lines proposed, {:.0}% accepted, {} repaired; calls drafter/verify/repair {}/{}/{}]",
+                    t.wall_ms / 1e3,
+                    t.prefill_ms / 1e3,
+                    t.lines_proposed,
+                    100.0 * t.acceptance_rate,
+                    t.lines_repaired,
+                    t.drafter_calls,
+                    t.verify_calls,
+                    t.repair_calls
+                );
+            }
+        }
+        Cmd::Bench { data, methods, limit, format, out, engine } => {
+            let methods: Vec<Method> = methods
+                .split(',')
+                .map(|m| m.trim().parse())
+                .collect::<std::result::Result<_, _>>()?;
+            if !matches!(format.as_str(), "table" | "json") {
+                bail!("unknown --format `{format}` (table, json)");
+            }
+            let text = std::fs::read_to_string(data).with_context(|| format!("reading {}", data.display()))?;
+            let mut sessions = parse_sessions(&text).with_context(|| format!("parsing {}", data.display()))?;
+            if let Some(n) = limit {
+                sessions.truncate(*n);
+            }
+            let c = compactor(&cli, &store, engine)?;
+            let bar = ProgressBar::new((sessions.len() * methods.len()) as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            let mut first = true;
+            let report = speccompact_engine::bench::run(&c, &sessions, &methods, &mut |i, m| {
+                if !first {
+                    bar.inc(1);
+                }
+                first = false;
+                let id = sessions[i].id.as_deref().unwrap_or("?");
+                bar.set_message(format!("{id} {m}"));
+            })?;
+            bar.finish_and_clear();
+            let header = format!(
+                "drafter {}, target {}, eta {}, {} sessions of {}\n\n",
+                c.config().drafter,
+                c.config().target,
+                c.config().eta,
+                sessions.len(),
+                data.display()
+            );
+            let text = if format == "json" {
+                serde_json::to_string_pretty(&report)? + "\n"
+            } else {
+                header + &report.table()
             };
-            if let Some(t) = cli.threads {
-                settings.threads = t;
+            print!("{text}");
+            if let Some(p) = out {
+                write_atomic(p, &text)?;
             }
-            if let Some(d) = &cli.device {
-                settings.device = d.clone();
-            }
-            set_threads(settings.threads)?;
+        }
+        Cmd::Generate { model, prompt, max_tokens, raw } => {
+            let settings = runtime_settings(&cli)?;
             let device = parse_device(&settings.device)?;
             let path = resolve(&store, &model)?;
             let opts = settings.load_options();
@@ -161,7 +406,7 @@ fn main() -> Result<()> {
             // Long prompts are prefilled in chunks; the last token starts the continuation.
             let (head, last) = ids.split_at(ids.len() - 1);
             let mut seq = m.decoder.prefill(head, settings.prefill_chunk)?;
-            let out = greedy(&m.decoder, &m.tokenizer, &mut [&mut seq], &[last], &StopRules::new(&m.tokenizer, max_tokens))?;
+            let out = greedy(&m.decoder, &m.tokenizer, &mut [&mut seq], &[last], &StopRules::new(&m.tokenizer, *max_tokens))?;
             let gen_s = t1.elapsed().as_secs_f64();
             let c = &out[0];
             println!("{}", c.text);

@@ -11,10 +11,11 @@
 //! scoring after a shared prefix), `model_backend` (the runtime behind it), `scripted` (a
 //! backend whose outputs a test chooses), `judge` (label scoring), `lines` (line checks),
 //! `speculative` (the slot streams), `baselines`, `compactor` (the public API and the
-//! result types).
+//! result types), `bench` (methods compared end to end).
 
 pub mod backend;
 pub mod baselines;
+pub mod bench;
 pub mod compactor;
 pub mod config;
 mod error;

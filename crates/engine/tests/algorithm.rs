@@ -597,3 +597,51 @@ fn target_self_and_drafter_only_write_each_slot_in_one_batch() {
     assert!(r.target.calls().is_empty() && r.target.prefixes().is_empty());
     assert_eq!(judge_calls(&r.drafter), 0);
 }
+
+#[test]
+fn bench_interleaves_methods_and_relates_them_to_sequential() {
+    let d = Scripted::new("d").with_generate(|s, p| match accepted_in(p).len() {
+        0 if s == 0 => "- x\n".into(),
+        _ => String::new(),
+    });
+    let t = Scripted::new("t")
+        .with_judge(|_, _| yes(0.9))
+        .with_generate(|_, _| "## Goal\n- y\n".into());
+    let c = Compactor::new(Arc::new(d), Arc::new(t), config(0.7)).unwrap();
+    let sessions = vec![history(), history()];
+    let mut order = Vec::new();
+    let rep = speccompact_engine::bench::run(
+        &c,
+        &sessions,
+        &[Method::Speculative, Method::Sequential],
+        &mut |i, m| order.push((i, m)),
+    )
+    .unwrap();
+    assert_eq!(
+        order,
+        [
+            (0, Method::Speculative),
+            (0, Method::Sequential),
+            (1, Method::Speculative),
+            (1, Method::Sequential)
+        ]
+    );
+    assert_eq!(rep.runs.len(), 4);
+    let seq = &rep.runs[1];
+    assert_eq!(seq.speedup_cold, Some(1.0));
+    let spec = &rep.runs[0];
+    let expect = seq.trace.wall_ms / spec.trace.wall_ms;
+    assert!((spec.speedup_cold.unwrap() - expect).abs() < 1e-9);
+    assert_eq!(rep.summary.len(), 2);
+    assert_eq!(rep.summary[0].sessions, 2);
+    assert_eq!(rep.summary[0].acceptance_rate, 1.0);
+    let table = rep.table();
+    assert!(table.contains("| speculative | 2 |"), "{table}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.contains("| sequential |"))
+            .count(),
+        3
+    );
+}

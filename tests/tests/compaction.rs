@@ -1,0 +1,292 @@
+//! The compaction engine end to end on real decoders: tiny random-weight models written by
+//! the test (every method, the model backend's stream caches against fresh recomputation),
+//! and the real drafter/target pair on the smoke sessions of `../shared/evaldata`.
+
+use candle_core::Device;
+use speccompact_engine::{
+    Backend, Compaction, CompactionConfig, Compactor, Method, ModelBackend, Origin, Request,
+    RequestKind, Response,
+};
+use speccompact_history::{parse_sessions, parse_value, History};
+use speccompact_runtime::synthetic::TinyModel;
+use speccompact_runtime::{Architecture, LoadOptions, Model};
+use speccompact_tests::real_model;
+use std::sync::Arc;
+
+fn tiny(arch: Architecture, seed: u64, dir: &std::path::Path) -> ModelBackend {
+    let mut t = TinyModel::new(arch);
+    t.seed = seed;
+    let path = dir.join(format!("{arch:?}-{seed}.gguf"));
+    t.write(&path).unwrap();
+    let m = Model::load(&path, &Device::Cpu, LoadOptions::default()).unwrap();
+    ModelBackend::new(&format!("tiny-{arch:?}"), Arc::new(m), 64).unwrap()
+}
+
+fn short_history() -> History {
+    parse_value(&serde_json::json!([
+        {"role": "user", "content": "Fix the bug in src/lib.rs; keep the API."},
+        {"role": "assistant", "content": "Running the tests.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\":\"cargo test\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": "exit 1: parse_header failed"}
+    ]))
+    .unwrap()
+}
+
+/// Invariants every compaction must satisfy, whatever the models wrote.
+fn check_consistent(c: &Compaction, cfg: &CompactionConfig) {
+    assert_eq!(c.slots.len(), 6);
+    for (slot, spec) in c.slots.iter().zip(&cfg.slots) {
+        assert_eq!(slot.name, spec.name);
+        assert!(
+            c.markdown.contains(&format!("## {}\n", spec.title)),
+            "{}",
+            c.markdown
+        );
+        let content = slot
+            .lines
+            .iter()
+            .filter(|l| !l.text.trim().is_empty())
+            .count();
+        assert!(content <= cfg.slot_max_lines);
+        assert!(slot.tokens <= cfg.slot_max_tokens);
+        for l in &slot.lines {
+            assert!(!l.text.contains('\n'));
+            assert!(l.text.chars().count() <= cfg.max_line_chars);
+        }
+    }
+    let t = &c.trace;
+    let kept = |o: Origin| {
+        c.slots
+            .iter()
+            .flat_map(|s| &s.lines)
+            .filter(|l| l.origin == o && !l.text.trim().is_empty())
+            .count()
+    };
+    assert!(t.summary_tokens <= cfg.summary_budget);
+    assert!(t.wall_ms >= t.prefill_ms + t.draft_ms.max(t.verify_ms));
+    match c.method {
+        Method::Speculative => {
+            // Every drafted line is accepted, rejected by the judge or failed a check, and
+            // every kept line was accepted or repaired.
+            assert!(
+                t.lines_accepted + t.lines_rejected + t.lines_failed_checks <= t.lines_proposed
+            );
+            assert_eq!(t.lines_accepted, kept(Origin::Draft) + kept(Origin::Auto));
+            assert_eq!(t.lines_repaired, kept(Origin::Repair));
+            // Judged lines: kept drafts + rejected ones + at most one accepted line per slot
+            // that a cap then kept out.
+            let judged = kept(Origin::Draft) + t.lines_rejected;
+            assert!(
+                t.verify_calls >= judged && t.verify_calls <= judged + c.slots.len(),
+                "{} judgments for {judged} judged lines",
+                t.verify_calls
+            );
+            assert!(t.repair_calls >= t.lines_repaired);
+            assert!(t.target_prefix_tokens > 0 && t.drafter_prefix_tokens > 0);
+            for l in c.slots.iter().flat_map(|s| &s.lines) {
+                match l.origin {
+                    Origin::Draft => assert!(l.r.is_some_and(|r| r >= cfg.eta), "{l:?}"),
+                    _ => assert!(l.r.is_none()),
+                }
+            }
+        }
+        Method::Sequential => {
+            assert_eq!((t.repair_calls, t.verify_calls, t.drafter_calls), (1, 0, 0))
+        }
+        Method::TargetSelf => assert_eq!((t.repair_calls, t.drafter_calls), (6, 0)),
+        Method::DrafterOnly => assert_eq!(
+            (t.repair_calls, t.drafter_calls, t.target_prefix_tokens),
+            (0, 6, 0)
+        ),
+    }
+}
+
+#[test]
+fn tiny_models_run_every_method() {
+    let dir = tempfile::tempdir().unwrap();
+    let drafter = tiny(Architecture::Llama, 3, dir.path());
+    let target = tiny(Architecture::Qwen2, 5, dir.path());
+    let mut cfg = CompactionConfig::default();
+    // Random weights give r near 0.5: an eta in the middle exercises both outcomes.
+    cfg.eta = 0.5;
+    cfg.draft_tokens = 24;
+    cfg.repair_tokens = 12;
+    cfg.slot_max_lines = 3;
+    cfg.slot_max_tokens = 64;
+    // Random weights rarely end a generation: keep the sequential baseline's run short.
+    cfg.summary_budget = 400;
+    let c = Compactor::new(drafter, target, cfg.clone()).unwrap();
+    let h = short_history();
+    for m in Method::ALL {
+        let a = c.compact_blocking(&h, m, &mut |_| {}).unwrap();
+        check_consistent(&a, &cfg);
+        // Greedy decoding: the same run gives the same summary.
+        let b = c.compact_blocking(&h, m, &mut |_| {}).unwrap();
+        assert_eq!(a.markdown, b.markdown, "{m} is not reproducible");
+        if m == Method::Speculative {
+            assert!(a.trace.verify_calls > 0 && a.trace.drafter_calls > 0);
+        }
+    }
+}
+
+#[test]
+fn async_api_streams_events_and_matches_the_blocking_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = CompactionConfig::default();
+    cfg.slot_max_lines = 2;
+    cfg.draft_tokens = 16;
+    cfg.repair_tokens = 8;
+    cfg.eta = 0.5;
+    let c = Compactor::new(
+        tiny(Architecture::Llama, 3, dir.path()),
+        tiny(Architecture::Qwen2, 5, dir.path()),
+        cfg,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (events, out) = rt.block_on(async {
+        let (mut rx, handle) = c.compact_stream(short_history(), Method::Speculative);
+        let mut events = Vec::new();
+        while let Some(e) = rx.recv().await {
+            events.push(e);
+        }
+        (events, handle.await.unwrap().unwrap())
+    });
+    let blocking = c
+        .compact_blocking(&short_history(), Method::Speculative, &mut |_| {})
+        .unwrap();
+    assert_eq!(out.markdown, blocking.markdown);
+    let done = events
+        .iter()
+        .filter(|e| matches!(e, speccompact_engine::Event::SlotDone { .. }))
+        .count();
+    assert_eq!(done, 6);
+    let accepted = events
+        .iter()
+        .filter(|e| matches!(e, speccompact_engine::Event::LineAccepted { .. }))
+        .count();
+    assert_eq!(
+        accepted,
+        out.slots.iter().map(|s| s.lines.len()).sum::<usize>()
+    );
+    assert!(matches!(
+        events[0],
+        speccompact_engine::Event::Prefilled { .. }
+    ));
+}
+
+/// The next-token distribution of a judgment must not depend on what the stream's cache
+/// held before (longest-common-prefix reuse and rollback) nor on the other rows of the batch.
+#[test]
+fn stream_cache_reuse_and_batching_match_fresh_computation() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in [Architecture::Qwen2, Architecture::Gemma3] {
+        let b = tiny(arch, 11, dir.path());
+        let prefix =
+            "<|im_start|>system\nsummarise<|im_end|>\n<|im_start|>user\nrecord: x=1, y=2\n";
+        let judge = |stream: usize, line: &str| Request {
+            stream,
+            prompt: vec![
+                "\nslot goal<|im_end|>\n<|im_start|>assistant\n## Goal\n".into(),
+                format!("{line}\n"),
+                "Check.".into(),
+            ],
+            kind: RequestKind::Judge { top_k: 8 },
+        };
+        let gen = |stream: usize| Request {
+            stream,
+            prompt: vec!["\nslot goal<|im_end|>\n<|im_start|>assistant\n## Goal\n".into()],
+            kind: RequestKind::Generate {
+                max_tokens: 7,
+                stop_at_newline: false,
+            },
+        };
+        let probs = |r: &Response| match r {
+            Response::Judged(v) => v.clone(),
+            other => panic!("{other:?}"),
+        };
+        // Fresh: a new session, one request.
+        let mut s = b.open(prefix).unwrap();
+        let fresh = probs(&b.run(&mut s, &[judge(0, "- set x to 1")]).unwrap()[0]);
+        // Reused: the same stream generated, then judged another line, then this one.
+        let mut s = b.open(prefix).unwrap();
+        b.run(&mut s, &[gen(0)]).unwrap();
+        b.run(&mut s, &[judge(0, "- something else entirely")])
+            .unwrap();
+        let reused = probs(&b.run(&mut s, &[judge(0, "- set x to 1")]).unwrap()[0]);
+        // Batched with other streams of other lengths.
+        let mut s = b.open(prefix).unwrap();
+        let out = b
+            .run(&mut s, &[gen(1), judge(0, "- set x to 1"), judge(2, "- y")])
+            .unwrap();
+        let batched = probs(&out[1]);
+        for other in [&reused, &batched] {
+            assert_eq!(fresh.len(), other.len());
+            for ((ta, pa), (tb, pb)) in fresh.iter().zip(other.iter()) {
+                assert_eq!(ta, tb, "{arch:?}: top-k order differs");
+                assert!((pa - pb).abs() < 1e-4, "{arch:?}: {pa} vs {pb}");
+            }
+        }
+        let total: f32 = fresh.iter().map(|(_, p)| p).sum();
+        assert!(total > 0.0 && total <= 1.0 + 1e-5);
+    }
+}
+
+fn smoke() -> Option<Vec<History>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/evaldata/dev/smoke.jsonl");
+    match std::fs::read_to_string(&path) {
+        Ok(t) => Some(parse_sessions(&t).unwrap()),
+        Err(_) => {
+            let required = std::env::var("SPECCOMPACT_REQUIRE_DATA").as_deref() == Ok("1");
+            assert!(!required, "missing {}", path.display());
+            eprintln!("skipped: {} not found", path.display());
+            None
+        }
+    }
+}
+
+fn real(name: &str) -> Option<ModelBackend> {
+    let path = real_model(name)?;
+    let m = Model::load(&path, &Device::Cpu, LoadOptions::default()).unwrap();
+    Some(ModelBackend::new(name, Arc::new(m), 512).unwrap())
+}
+
+#[test]
+fn real_pair_compacts_the_smoke_sessions() {
+    let Some(sessions) = smoke() else { return };
+    let (Some(d), Some(t)) = (
+        real("smollm2-135m-instruct"),
+        real("qwen2.5-coder-0.5b-instruct"),
+    ) else {
+        return;
+    };
+    let cfg = CompactionConfig::default();
+    let c = Compactor::new(d, t, cfg.clone()).unwrap();
+    assert_eq!(sessions.len(), 6);
+    for h in &sessions {
+        let out = c
+            .compact_blocking(h, Method::Speculative, &mut |_| {})
+            .unwrap();
+        eprintln!(
+            "{}: {:.1} s, {} proposed, {:.0}% accepted, {} repaired",
+            h.id.as_deref().unwrap_or("?"),
+            out.trace.wall_ms / 1e3,
+            out.trace.lines_proposed,
+            100.0 * out.trace.acceptance_rate,
+            out.trace.lines_repaired
+        );
+        check_consistent(&out, &cfg);
+        let content: usize = out
+            .slots
+            .iter()
+            .map(|s| s.lines.iter().filter(|l| !l.text.trim().is_empty()).count())
+            .sum();
+        assert!(
+            content >= 3,
+            "{:?}: almost nothing written:\n{}",
+            h.id,
+            out.markdown
+        );
+    }
+}
