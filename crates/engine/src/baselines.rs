@@ -5,7 +5,7 @@
 use crate::backend::{Request, RequestKind, Response};
 use crate::compactor::Event;
 use crate::compactor::{Job, LineOut, Origin, SlotOut, SlotStop};
-use crate::lines::{check, Check};
+use crate::lines::{Check, Checker};
 use crate::{prompt, Backend, Error, Result};
 
 fn text_of(resp: Response, who: &str) -> Result<(String, usize)> {
@@ -31,16 +31,17 @@ fn take_lines<B: Backend>(
     let mut lines: Vec<LineOut> = Vec::new();
     let mut tokens = 0;
     let mut stop = SlotStop::Complete;
+    let checker = Checker::new(cfg, slot);
     for raw in text.lines() {
         let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
-        let c = check(raw, &texts, cfg.max_line_chars);
+        let c = checker.check(raw, &texts);
         let (line, o) = match c {
             Check::EndOfSlot => break,
-            Check::Duplicate | Check::TooLong => continue,
+            c if c.fails() => continue,
             Check::Blank if lines.last().is_none_or(|l| l.text.trim().is_empty()) => continue,
             Check::Blank => (String::new(), Origin::Auto),
             Check::Auto => (raw.trim_end().to_string(), Origin::Auto),
-            Check::Verify => (raw.trim_end().to_string(), origin),
+            _ => (raw.trim_end().to_string(), origin),
         };
         if !line.is_empty()
             && lines.iter().filter(|l| !l.text.trim().is_empty()).count() >= cfg.slot_max_lines

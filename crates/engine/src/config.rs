@@ -20,6 +20,9 @@ pub struct SlotSpec {
     pub contract: String,
     /// The body's shape, in words the models read.
     pub format: String,
+    /// Sub-headings the body may use (e.g. `### Done`); other heading lines are replaced.
+    #[serde(default)]
+    pub headings: Vec<String>,
 }
 
 /// The texts every model sees, in the project's own words.
@@ -32,7 +35,7 @@ pub struct Prompts {
     pub intro: String,
     /// Text before the section list.
     pub outline: String,
-    /// Request for one section (`{title}`, `{contract}` are filled in).
+    /// Request for one section (`{title}`, `{contract}`, `{format}` are filled in).
     pub section: String,
     /// Request for the whole summary (sequential baseline).
     pub whole: String,

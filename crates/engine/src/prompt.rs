@@ -79,13 +79,17 @@ impl ChatFormat {
     }
 }
 
-/// The shared prefix: instructions, the rendered history, every section with its contract,
-/// and the verification rule. Ends inside the user turn so slot requests can follow.
+/// The shared prefix: instructions with the verification rule, the rendered history, and
+/// every section with its contract. Ends inside the user turn so slot requests can follow.
 pub fn prefix(f: &ChatFormat, c: &CompactionConfig, transcript: &str) -> String {
     let p = &c.prompts;
     let mut s = String::with_capacity(transcript.len() + 4096);
     s.push_str(&f.open);
     s.push_str(&p.system);
+    // The verification rule is defined once, far from where lines are written, so writers
+    // do not take it for content.
+    s.push_str("\n\n");
+    s.push_str(&p.judge_rule);
     s.push_str(&f.system_to_user);
     s.push_str(&p.intro);
     s.push_str("\n<record>\n");
@@ -99,8 +103,6 @@ pub fn prefix(f: &ChatFormat, c: &CompactionConfig, transcript: &str) -> String 
             slot.title, slot.contract, slot.format
         ));
     }
-    s.push_str(&p.judge_rule);
-    s.push('\n');
     s
 }
 
@@ -110,7 +112,8 @@ pub fn slot_request(f: &ChatFormat, c: &CompactionConfig, slot: &SlotSpec) -> St
         .prompts
         .section
         .replace("{title}", &slot.title)
-        .replace("{contract}", &slot.contract);
+        .replace("{contract}", &slot.contract)
+        .replace("{format}", &slot.format);
     format!("\n{ask}{}## {}\n", f.user_to_assistant, slot.title)
 }
 

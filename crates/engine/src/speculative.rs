@@ -8,7 +8,7 @@
 use crate::backend::{Generated, Request, RequestKind, Response};
 use crate::compactor::{Event, Job, LineOut, Origin, SlotOut, SlotStop};
 use crate::judge::score;
-use crate::lines::{check, Check};
+use crate::lines::{Check, Checker};
 use crate::{prompt, Backend, Error, Result};
 use speccompact_runtime::StopReason;
 use std::collections::VecDeque;
@@ -31,6 +31,7 @@ enum State {
 
 struct Stream {
     slot: usize,
+    checker: Checker,
     lines: Vec<LineOut>,
     tokens: usize,
     state: State,
@@ -109,7 +110,7 @@ fn finish<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, stop: SlotStop) {
 /// Takes one drafted line through the checks: it is kept, dropped, or moves the stream to
 /// verification or repair.
 fn propose<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) -> Result<()> {
-    let c = check(&line, &s.texts(), job.cfg.max_line_chars);
+    let c = s.checker.check(&line, &s.texts());
     let slot = job.cfg.slots[s.slot].name.clone();
     match c {
         Check::Blank => {
@@ -128,7 +129,7 @@ fn propose<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) -> Re
                 Admit::Stopped(stop) => finish(job, s, stop),
             }
         }
-        Check::Duplicate | Check::TooLong => {
+        c if c.fails() => {
             job.trace.lines_proposed += 1;
             job.trace.lines_failed_checks += 1;
             job.emit(Event::LineRejected {
@@ -139,7 +140,7 @@ fn propose<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) -> Re
             s.clear_buffer();
             s.state = State::Repair;
         }
-        Check::Verify => {
+        _ => {
             job.trace.lines_proposed += 1;
             s.state = State::Verify(line.trim_end().to_string());
         }
@@ -228,6 +229,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     let mut streams: Vec<Stream> = (0..cfg.slots.len())
         .map(|slot| Stream {
             slot,
+            checker: Checker::new(cfg, slot),
             lines: Vec::new(),
             tokens: 0,
             state: State::Draft,
@@ -384,12 +386,12 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                 finish(job, s, stop);
                 continue;
             }
-            match check(&text, &s.texts(), cfg.max_line_chars) {
+            match s.checker.check(&text, &s.texts()) {
                 Check::EndOfSlot => {
                     finish(job, s, SlotStop::Complete);
                     continue;
                 }
-                Check::Duplicate | Check::TooLong => {
+                c if c.fails() => {
                     finish(job, s, SlotStop::RepairFailed);
                     continue;
                 }

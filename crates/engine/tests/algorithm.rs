@@ -298,12 +298,17 @@ fn duplicate_and_overlong_lines_go_to_repair_without_a_judgment() {
 
 #[test]
 fn headings_and_empty_markers_are_accepted_without_judgment() {
-    let drafter = Scripted::new("d").with_generate(|_, p| match accepted_in(p).len() {
-        0 => "### Done\n- built it\n\n\n### Blocked\n(none)\n".into(),
-        _ => String::new(),
+    let drafter = Scripted::new("d").with_generate(|_, p| {
+        let body = p.split_once("## Progress\n").map_or("", |(_, b)| b);
+        match body.lines().count() {
+            0 => "### Done\n- built it\n\n\n### Blocked\n(none)\n".into(),
+            _ => String::new(),
+        }
     });
     let target = Scripted::new("t").with_judge(|_, _| yes(0.9));
-    let r = run(one_slot(config(0.7)), drafter, target, Method::Speculative);
+    let mut cfg = config(0.7);
+    cfg.slots.retain(|s| s.name == "progress");
+    let r = run(cfg, drafter, target, Method::Speculative);
     assert_eq!(
         slot_texts(&r, 0),
         ["### Done", "- built it", "", "### Blocked", "(none)"],
@@ -316,6 +321,30 @@ fn headings_and_empty_markers_are_accepted_without_judgment() {
         .filter(|l| l.origin == Origin::Auto)
         .count();
     assert_eq!(auto, 4);
+}
+
+#[test]
+fn echoed_instructions_and_stray_headings_go_to_repair_without_judgment() {
+    let cfg = one_slot(config(0.7));
+    let contract = cfg.slots[0].contract.clone();
+    let drafter = Scripted::new("d").with_generate(move |_, p| match accepted_in(p).len() {
+        0 => format!("{contract}\n"),
+        1 => "### Preferences\n".into(),
+        _ => String::new(),
+    });
+    let n = Arc::new(Mutex::new(0));
+    let k = n.clone();
+    let target = Scripted::new("t")
+        .with_judge(|_, _| yes(0.9))
+        .with_generate(move |_, _| {
+            let mut k = k.lock().unwrap();
+            *k += 1;
+            format!("- fact {k}\n")
+        });
+    let r = run(cfg, drafter, target, Method::Speculative);
+    assert_eq!(slot_texts(&r, 0), ["- fact 1", "- fact 2"]);
+    assert_eq!(judge_calls(&r.target), 0);
+    assert_eq!(r.out.trace.lines_failed_checks, 2);
 }
 
 #[test]
