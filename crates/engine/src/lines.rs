@@ -41,6 +41,20 @@ pub const EMPTY_MARKERS: [&str; 4] = ["(none)", "none", "n/a", "(n/a)"];
 /// "- done", occur in instructions by chance).
 const ECHO_MIN_CHARS: usize = 16;
 
+/// Share of a line's word trigrams found in the instructions from which it is an echo.
+const ECHO_TRIGRAM_SHARE: f32 = 0.5;
+
+fn words(s: &str) -> Vec<String> {
+    s.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+fn trigrams(s: &str) -> Vec<String> {
+    words(s).windows(3).map(|w| w.join(" ")).collect()
+}
+
 fn normal(s: &str) -> String {
     s.split_whitespace()
         .collect::<Vec<_>>()
@@ -65,6 +79,7 @@ pub struct Checker {
     max_chars: usize,
     headings: Vec<String>,
     instructions: String,
+    trigrams: std::collections::HashSet<String>,
 }
 
 impl Checker {
@@ -90,6 +105,7 @@ impl Checker {
                 .iter()
                 .map(|h| core(h.trim_start_matches('#')))
                 .collect(),
+            trigrams: instructions.iter().flat_map(|t| trigrams(t)).collect(),
             instructions: instructions
                 .iter()
                 .map(|t| normal(t))
@@ -104,6 +120,7 @@ impl Checker {
             max_chars,
             headings: Vec::new(),
             instructions: String::new(),
+            trigrams: Default::default(),
         }
     }
 
@@ -146,11 +163,25 @@ impl Checker {
         if EMPTY_MARKERS.contains(&n.trim_end_matches('.')) {
             return Check::Auto;
         }
-        let c = core(t);
-        if c.chars().count() >= ECHO_MIN_CHARS && self.instructions.contains(&c) {
+        if self.is_echo(t) {
             return Check::Echo;
         }
         Check::Verify
+    }
+
+    /// Whether a line copies the instructions: verbatim (a part of at least
+    /// `ECHO_MIN_CHARS`), or mostly (half of its word trigrams occur in them).
+    fn is_echo(&self, line: &str) -> bool {
+        let c = core(line);
+        if c.chars().count() >= ECHO_MIN_CHARS && self.instructions.contains(&c) {
+            return true;
+        }
+        let grams = trigrams(line);
+        if grams.len() < 3 {
+            return false;
+        }
+        let found = grams.iter().filter(|g| self.trigrams.contains(*g)).count();
+        found as f32 >= ECHO_TRIGRAM_SHARE * grams.len() as f32
     }
 }
 
@@ -196,7 +227,20 @@ mod tests {
         let next = cfg.slots[4].contract.split(',').next().unwrap();
         assert!(next.len() >= ECHO_MIN_CHARS, "{next}");
         assert_eq!(c.check(next, &[]), Check::Echo);
+        // A contract glued to a format, with list numbers after it, is mostly copied.
+        let glued = format!(
+            "{} {}, 1., 2., 3., 4.",
+            cfg.slots[2].contract, cfg.slots[2].format
+        );
+        assert_eq!(c.check(&glued, &[]), Check::Echo);
         // Facts are not, nor short lines that happen to occur in a prompt.
+        assert_eq!(
+            c.check(
+                "- The user wants the retry test fixed and the limit kept at 3 attempts",
+                &[]
+            ),
+            Check::Verify
+        );
         assert_eq!(
             c.check("- Fix the retry loop in src/upload.rs", &[]),
             Check::Verify

@@ -17,6 +17,8 @@ use std::collections::VecDeque;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Item {
     Line(String),
+    /// The drafter's token budget ran out inside its first line.
+    Unfinished(String),
     /// The drafter ended the section here.
     End,
 }
@@ -164,6 +166,19 @@ fn drain_buffer<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream) -> Result<()> 
                 s.state = State::Repair;
             }
             Item::End => finish(job, s, SlotStop::Complete),
+            Item::Unfinished(l) => {
+                // Not a line: the target writes one instead, without a judgment.
+                job.trace.lines_proposed += 1;
+                job.trace.lines_failed_checks += 1;
+                let slot = job.cfg.slots[s.slot].name.clone();
+                job.emit(Event::LineRejected {
+                    slot,
+                    text: l,
+                    r: None,
+                });
+                s.clear_buffer();
+                s.state = State::Repair;
+            }
             Item::Line(l) => {
                 // The buffer stays valid while A grows by exactly the drafted lines (a blank
                 // line dropped as surplus formatting leaves A unchanged and is skipped).
@@ -181,7 +196,8 @@ fn drain_buffer<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream) -> Result<()> 
 }
 
 /// Splits a drafter continuation into complete lines (and an end marker when the drafter
-/// ended the section); a trailing partial line is discarded, unless it is all there is.
+/// ended the section); a trailing partial line is discarded, or marked unfinished when it is
+/// all there is.
 fn split_draft(g: &Generated) -> Vec<Item> {
     let mut parts: Vec<&str> = g.text.split('\n').collect();
     let last = parts.pop().unwrap_or("");
@@ -196,7 +212,7 @@ fn split_draft(g: &Generated) -> Vec<Item> {
             }
             items.push(Item::End);
         }
-        _ if items.is_empty() => items.push(Item::Line(last.to_string())),
+        _ if items.is_empty() => items.push(Item::Unfinished(last.to_string())),
         _ => {}
     }
     items

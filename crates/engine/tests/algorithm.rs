@@ -371,19 +371,21 @@ fn line_and_token_caps_stop_a_slot() {
     assert_eq!(r.out.slots[0].tokens, 9);
     assert_eq!(r.out.slots[0].stop, SlotStop::TokenBudget);
 
-    // The drafter's tokens per call are capped: a 10-word line with draft_tokens = 4 is cut,
-    // and the partial line is all there is, so it is proposed as it is.
+    // The drafter's tokens per call are capped: a 10-word line with draft_tokens = 4 is cut
+    // unfinished, so the target writes the line instead, without judging the fragment.
     let d = Scripted::new("d").with_generate(|_, p| match accepted_in(p).len() {
         0 => "- a b c d e f g h i\n".into(),
         _ => String::new(),
     });
+    let t = Scripted::new("t")
+        .with_judge(|_, _| yes(0.9))
+        .with_generate(|_, _| "- whole line\n".into());
     let mut cfg = one_slot(config(0.7));
     cfg.draft_tokens = 4;
-    let r = run(cfg, d, target(), Method::Speculative);
-    assert_eq!(
-        slot_texts(&r, 0),
-        ["- a b c "].map(|s| s.trim_end().to_string())
-    );
+    let r = run(cfg, d, t, Method::Speculative);
+    assert_eq!(slot_texts(&r, 0), ["- whole line"]);
+    assert_eq!(judge_calls(&r.target), 0);
+    assert_eq!(r.out.trace.lines_failed_checks, 1);
     assert_eq!(r.out.trace.drafter_tokens, 4 + 1);
 }
 
