@@ -90,9 +90,12 @@ enum Cmd {
         /// Output: `table` (markdown) or `json` (`runs` and `summary`).
         #[arg(long, default_value = "table")]
         format: String,
-        /// Also write the output to this file (atomically).
+        /// Also write the output to this file (atomically), headed by the command line.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also write the JSON report (`runs` and `summary`) to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -339,7 +342,7 @@ fn main() -> Result<()> {
                 );
             }
         }
-        Cmd::Bench { data, methods, limit, format, out, engine } => {
+        Cmd::Bench { data, methods, limit, format, out, json, engine } => {
             let methods: Vec<Method> = methods
                 .split(',')
                 .map(|m| m.trim().parse())
@@ -383,7 +386,19 @@ fn main() -> Result<()> {
             };
             print!("{text}");
             if let Some(p) = out {
+                let args: Vec<String> = std::env::args().collect();
+                let text = if format == "table" {
+                    format!(
+                        "# Compaction benchmark\n\nCommand: `{}`\n\n{text}",
+                        args.join(" ")
+                    )
+                } else {
+                    text
+                };
                 write_atomic(p, &text)?;
+            }
+            if let Some(p) = json {
+                write_atomic(p, &(serde_json::to_string_pretty(&report)? + "\n"))?;
             }
         }
         Cmd::Generate { model, prompt, max_tokens, raw } => {

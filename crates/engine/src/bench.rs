@@ -99,6 +99,13 @@ pub fn run<B: Backend + 'static>(
         for &m in methods {
             progress(i, m);
             let c = compactor.compact_blocking(h, m, &mut |_: &Event| {})?;
+            tracing::info!(
+                session = id.as_str(),
+                method = m.as_str(),
+                wall_ms = c.trace.wall_ms as u64,
+                prefill_ms = c.trace.prefill_ms as u64,
+                "bench run done"
+            );
             runs.push(BenchRun {
                 session: id.clone(),
                 method: m,

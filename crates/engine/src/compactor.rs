@@ -198,6 +198,19 @@ pub struct Trace {
     pub omitted_messages: Option<(usize, usize)>,
     /// Target tokens of the assembled summary.
     pub summary_tokens: usize,
+    /// Every judgment in order: the distribution of r for accepted and rejected lines.
+    pub judgments: Vec<Judged>,
+}
+
+/// One line judged by the target.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Judged {
+    /// Slot name.
+    pub slot: String,
+    /// p_yes / (p_yes + p_no).
+    pub r: f32,
+    /// Whether r reached eta.
+    pub accepted: bool,
 }
 
 /// A finished compaction.

@@ -28,7 +28,7 @@ pub mod speculative;
 
 pub use backend::{Backend, Generated, Request, RequestKind, Response};
 pub use compactor::{
-    Compaction, Compactor, Event, LineOut, Method, Origin, SlotOut, SlotStop, Trace,
+    Compaction, Compactor, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Trace,
 };
 pub use config::{CompactionConfig, Overflow, Overlap, Prompts, SlotSpec};
 pub use error::{Error, Result};

@@ -6,7 +6,7 @@
 //! valid only while A is exactly what they were drafted after.
 
 use crate::backend::{Generated, Request, RequestKind, Response};
-use crate::compactor::{Event, Job, LineOut, Origin, SlotOut, SlotStop};
+use crate::compactor::{Event, Job, Judged, LineOut, Origin, SlotOut, SlotStop};
 use crate::judge::score;
 use crate::lines::{Check, Checker};
 use crate::{prompt, Backend, Error, Result};
@@ -228,6 +228,29 @@ fn generated(resp: Response, who: &str) -> Result<Generated> {
     }
 }
 
+/// Generation requests of the streams in `state` (drafting or repair), each after its
+/// slot request and accepted lines.
+fn generations(
+    streams: &[Stream],
+    state: State,
+    heads: &[String],
+    max_tokens: usize,
+    stop_at_newline: bool,
+) -> Vec<Request> {
+    streams
+        .iter()
+        .filter(|s| s.state == state)
+        .map(|s| Request {
+            stream: s.slot,
+            prompt: s.prompt(&heads[s.slot]),
+            kind: RequestKind::Generate {
+                max_tokens,
+                stop_at_newline,
+            },
+        })
+        .collect()
+}
+
 /// Runs the speculative method over an open job.
 pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     let cfg = job.cfg;
@@ -260,18 +283,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         for s in streams.iter_mut() {
             drain_buffer(job, s)?;
         }
-        let drafts: Vec<Request> = streams
-            .iter()
-            .filter(|s| s.state == State::Draft)
-            .map(|s| Request {
-                stream: s.slot,
-                prompt: s.prompt(&dreq[s.slot]),
-                kind: RequestKind::Generate {
-                    max_tokens: cfg.draft_tokens,
-                    stop_at_newline: false,
-                },
-            })
-            .collect();
+        let drafts = generations(&streams, State::Draft, &dreq, cfg.draft_tokens, false);
         let verifies: Vec<Request> = streams
             .iter()
             .filter_map(|s| match &s.state {
@@ -288,18 +300,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                 _ => None,
             })
             .collect();
-        let repairs: Vec<Request> = streams
-            .iter()
-            .filter(|s| s.state == State::Repair)
-            .map(|s| Request {
-                stream: s.slot,
-                prompt: s.prompt(&treq[s.slot]),
-                kind: RequestKind::Generate {
-                    max_tokens: cfg.repair_tokens,
-                    stop_at_newline: true,
-                },
-            })
-            .collect();
+        let repairs = generations(&streams, State::Repair, &treq, cfg.repair_tokens, true);
         if drafts.is_empty() && verifies.is_empty() && repairs.is_empty() {
             break;
         }
@@ -369,6 +370,11 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             let State::Verify(line) = std::mem::replace(&mut s.state, State::Draft) else {
                 continue;
             };
+            job.trace.judgments.push(Judged {
+                slot: cfg.slots[s.slot].name.clone(),
+                r: j.r,
+                accepted: j.accepts(cfg.eta),
+            });
             if j.accepts(cfg.eta) {
                 match admit(job, s, line, Origin::Draft, Some(j.r))? {
                     Admit::Added => job.trace.lines_accepted += 1,

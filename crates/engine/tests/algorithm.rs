@@ -391,41 +391,35 @@ fn line_and_token_caps_stop_a_slot() {
 
 #[test]
 fn empty_or_failed_repair_stops_the_slot_with_what_was_accepted() {
-    let drafter = Scripted::new("d").with_generate(|_, p| match accepted_in(p).len() {
-        0 => "- good\n- bad\n".into(),
-        _ => "- again\n".into(),
-    });
-    let target = Scripted::new("t")
-        .with_judge(|_, p| {
-            if p.contains("- bad\n") {
-                yes(0.2)
-            } else {
-                yes(0.9)
-            }
-        })
-        .with_generate(|_, _| "\n".into());
-    let r = run(one_slot(config(0.7)), drafter, target, Method::Speculative);
+    // "- bad" is rejected; the repair writes `repair`.
+    let run_with = |repair: &'static str| {
+        let drafter = Scripted::new("d").with_generate(|_, p| match accepted_in(p).len() {
+            0 => "- good\n- bad\n".into(),
+            _ => "- again\n".into(),
+        });
+        let target = Scripted::new("t")
+            .with_judge(|_, p| {
+                if p.contains("- bad\n") {
+                    yes(0.2)
+                } else {
+                    yes(0.9)
+                }
+            })
+            .with_generate(move |_, _| repair.into());
+        run(one_slot(config(0.7)), drafter, target, Method::Speculative)
+    };
+    // An empty repair stops the slot with A.
+    let r = run_with("\n");
     assert_eq!(slot_texts(&r, 0), ["- good"]);
     assert_eq!(r.out.slots[0].stop, SlotStop::RepairFailed);
-
-    // A repair that duplicates an accepted line fails the slot.
-    let drafter = Scripted::new("d").with_generate(|_, p| match accepted_in(p).len() {
-        0 => "- good\n- bad\n".into(),
-        _ => "- again\n".into(),
-    });
-    let target = Scripted::new("t")
-        .with_judge(|_, p| {
-            if p.contains("- bad\n") {
-                yes(0.2)
-            } else {
-                yes(0.9)
-            }
-        })
-        .with_generate(|_, _| "- good\n".into());
-    let r = run(one_slot(config(0.7)), drafter, target, Method::Speculative);
+    // So does a repair that duplicates an accepted line.
+    let r = run_with("- good\n");
     assert_eq!(slot_texts(&r, 0), ["- good"]);
     assert_eq!(r.out.slots[0].stop, SlotStop::RepairFailed);
     assert_eq!(r.out.trace.lines_repaired, 0);
+    // A usable repair is kept and the slot goes on.
+    let r = run_with("- better\n");
+    assert_eq!(slot_texts(&r, 0), ["- good", "- better", "- again"]);
 }
 
 #[test]
@@ -478,6 +472,13 @@ fn six_streams_are_batched_and_the_trace_adds_up() {
     assert_eq!(t.repair_calls, r.target.generate_calls());
     assert_eq!(t.drafter_calls, r.drafter.generate_calls());
     assert!((t.acceptance_rate - 0.75).abs() < 1e-9);
+    // The trace keeps every judgment's r.
+    assert_eq!(t.judgments.len(), 12);
+    let rejected: Vec<_> = t.judgments.iter().filter(|j| !j.accepted).collect();
+    assert_eq!(rejected.len(), 3);
+    assert!(rejected
+        .iter()
+        .all(|j| (j.r - 0.3).abs() < 1e-6 && j.slot != "goal"));
     // Requests of different slots share batches: far fewer batches than requests.
     let batches = r.target.calls().iter().map(|c| c.batch).max().unwrap() + 1;
     assert!(
