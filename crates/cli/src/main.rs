@@ -257,6 +257,12 @@ fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("writing into {}", dir.display()))?;
     std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+    // Temporary files are private; a report is an ordinary file.
+    #[cfg(unix)]
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
     tmp.persist(path)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())

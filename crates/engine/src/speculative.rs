@@ -112,9 +112,7 @@ fn finish<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, stop: SlotStop) {
 /// Takes one drafted line through the checks: it is kept, dropped, or moves the stream to
 /// verification or repair.
 fn propose<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) -> Result<()> {
-    let c = s.checker.check(&line, &s.texts());
-    let slot = job.cfg.slots[s.slot].name.clone();
-    match c {
+    match s.checker.check(&line, &s.texts()) {
         Check::Blank => {
             // Formatting: kept after a content line, dropped at the start or after a blank.
             if s.lines.last().is_some_and(|l| !l.text.trim().is_empty()) {
@@ -131,23 +129,27 @@ fn propose<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) -> Re
                 Admit::Stopped(stop) => finish(job, s, stop),
             }
         }
-        c if c.fails() => {
-            job.trace.lines_proposed += 1;
-            job.trace.lines_failed_checks += 1;
-            job.emit(Event::LineRejected {
-                slot,
-                text: line,
-                r: None,
-            });
-            s.clear_buffer();
-            s.state = State::Repair;
-        }
+        c if c.fails() => send_to_repair(job, s, line),
         _ => {
             job.trace.lines_proposed += 1;
             s.state = State::Verify(line.trim_end().to_string());
         }
     }
     Ok(())
+}
+
+/// A drafted line that failed a check: counted, reported, and replaced by a repair (the
+/// buffer drafted after it is dropped).
+fn send_to_repair<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, line: String) {
+    job.trace.lines_proposed += 1;
+    job.trace.lines_failed_checks += 1;
+    job.emit(Event::LineRejected {
+        slot: job.cfg.slots[s.slot].name.clone(),
+        text: line,
+        r: None,
+    });
+    s.clear_buffer();
+    s.state = State::Repair;
 }
 
 /// Uses buffered lines while they are valid for A.
@@ -166,19 +168,8 @@ fn drain_buffer<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream) -> Result<()> 
                 s.state = State::Repair;
             }
             Item::End => finish(job, s, SlotStop::Complete),
-            Item::Unfinished(l) => {
-                // Not a line: the target writes one instead, without a judgment.
-                job.trace.lines_proposed += 1;
-                job.trace.lines_failed_checks += 1;
-                let slot = job.cfg.slots[s.slot].name.clone();
-                job.emit(Event::LineRejected {
-                    slot,
-                    text: l,
-                    r: None,
-                });
-                s.clear_buffer();
-                s.state = State::Repair;
-            }
+            // Not a line: the target writes one instead, without a judgment.
+            Item::Unfinished(l) => send_to_repair(job, s, l),
             Item::Line(l) => {
                 // The buffer stays valid while A grows by exactly the drafted lines (a blank
                 // line dropped as surplus formatting leaves A unchanged and is skipped).
