@@ -142,10 +142,11 @@ impl Checker {
         if t.starts_with("## ") || t == "##" {
             return Check::EndOfSlot;
         }
-        let n = normal(t);
+        // List markers and numbers do not make a line new ("7. Fix it" repeats "6. Fix it").
+        let c = core(t);
         if accepted
             .iter()
-            .any(|a| !a.trim().is_empty() && normal(a) == n)
+            .any(|a| !a.trim().is_empty() && core(a) == c)
         {
             return Check::Duplicate;
         }
@@ -160,7 +161,7 @@ impl Checker {
                 Check::StrayHeading
             };
         }
-        if EMPTY_MARKERS.contains(&n.trim_end_matches('.')) {
+        if EMPTY_MARKERS.contains(&normal(t).trim_end_matches('.')) {
             return Check::Auto;
         }
         if self.is_echo(t) {
@@ -202,6 +203,12 @@ mod tests {
         assert_eq!(c.check("(none)", &acc), Check::Auto);
         assert_eq!(c.check("None.", &acc), Check::Auto);
         assert_eq!(c.check("-  Fixed parser.rs ", &acc), Check::Duplicate);
+        assert_eq!(c.check("* fixed parser.rs.", &acc), Check::Duplicate);
+        assert_eq!(
+            c.check("7. Fix it again", &["6. Fix it again".into()]),
+            Check::Duplicate
+        );
+        assert_eq!(c.check("- fixed parser.rs twice", &acc), Check::Verify);
         assert_eq!(c.check(&"x".repeat(51), &acc), Check::TooLong);
         assert_eq!(c.check(&"x".repeat(50), &acc), Check::Verify);
         assert_eq!(
