@@ -279,22 +279,22 @@ pub(crate) struct Job<'a, B: Backend> {
 }
 
 impl<B: Backend> Job<'_, B> {
-    /// Runs one batch on a model, timing it into `slot_ms`.
+    /// Runs one target batch, timed.
     pub fn run_target(&mut self, reqs: &[Request]) -> Result<(Vec<Response>, f64)> {
-        let sess = self.tsess.as_mut().ok_or_else(|| Error::Backend {
-            backend: self.target.name().to_string(),
-            reason: "target session not open".into(),
-        })?;
-        run_timed(self.target, sess, reqs)
+        run_timed(
+            self.target,
+            open_session(self.target, &mut self.tsess)?,
+            reqs,
+        )
     }
 
-    /// Runs one drafter batch.
+    /// Runs one drafter batch, timed.
     pub fn run_drafter(&mut self, reqs: &[Request]) -> Result<(Vec<Response>, f64)> {
-        let sess = self.dsess.as_mut().ok_or_else(|| Error::Backend {
-            backend: self.drafter.name().to_string(),
-            reason: "drafter session not open".into(),
-        })?;
-        run_timed(self.drafter, sess, reqs)
+        run_timed(
+            self.drafter,
+            open_session(self.drafter, &mut self.dsess)?,
+            reqs,
+        )
     }
 
     /// Target tokens of a line with its newline.
@@ -305,6 +305,17 @@ impl<B: Backend> Job<'_, B> {
     pub fn emit(&mut self, e: Event) {
         (self.events)(&e);
     }
+}
+
+/// The open session of `b`, or an error naming the backend.
+pub(crate) fn open_session<'s, B: Backend>(
+    b: &B,
+    sess: &'s mut Option<B::Session>,
+) -> Result<&'s mut B::Session> {
+    sess.as_mut().ok_or_else(|| Error::Backend {
+        backend: b.name().to_string(),
+        reason: "session not open".into(),
+    })
 }
 
 /// Runs a batch and measures it; an empty batch costs nothing.

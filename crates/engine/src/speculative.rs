@@ -305,12 +305,9 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             let drafter = job.drafter;
             let mut dsess = job.dsess.take();
             let res = std::thread::scope(|sc| {
-                let h = sc.spawn(|| match dsess.as_mut() {
-                    Some(sess) => crate::compactor::run_timed(drafter, sess, &drafts),
-                    None => Err(Error::Backend {
-                        backend: drafter.name().to_string(),
-                        reason: "drafter session not open".into(),
-                    }),
+                let h = sc.spawn(|| {
+                    let sess = crate::compactor::open_session(drafter, &mut dsess)?;
+                    crate::compactor::run_timed(drafter, sess, &drafts)
                 });
                 let t = target_work(job);
                 let d = h.join().unwrap_or_else(|_| {
