@@ -10,6 +10,7 @@ use speccompact_runtime::{
     greedy, parse_device, set_threads, ChatMessage, Model, RuntimeSettings, StopRules,
 };
 use speccompact_store::{Progress, Status, Store};
+use speccompact_workspace::{BudgetSpec, EngineSummarizer, SummaryKind, Workspace, WorkspaceConfig};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -99,6 +100,84 @@ enum Cmd {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Append a history to a workspace session: events are redacted, classified, indexed,
+    /// and their state candidates written under the write rules.
+    Ingest {
+        /// History file (same formats as `compact`), or `-` for stdin.
+        input: String,
+        /// Session id in a JSONL file of sessions; also the workspace session (default: the
+        /// history's id or the file name).
+        #[arg(long)]
+        session: Option<String>,
+        /// Also write a summary with the engine (recursive: it continues the last one).
+        #[arg(long)]
+        summarize: bool,
+        #[command(flatten)]
+        ws: WorkspaceArgs,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Show a session's protected state (valid records), or every version of one field.
+    State {
+        /// Session id.
+        session: String,
+        /// Every record, whatever its status.
+        #[arg(long)]
+        all: bool,
+        /// Every version of this field key (the audit history).
+        #[arg(long)]
+        history: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ws: WorkspaceArgs,
+    },
+    /// Confirm a pending candidate record with an event written by the user or the owner.
+    Confirm {
+        /// Session id.
+        session: String,
+        /// Record id.
+        record: i64,
+        /// The confirming event's id.
+        #[arg(long)]
+        event: i64,
+        #[command(flatten)]
+        ws: WorkspaceArgs,
+    },
+    /// Build the context for a task within a budget: state, summary, evidence, and the list
+    /// of what was not loaded.
+    Assemble {
+        /// Session id.
+        session: String,
+        /// The task ("continue", "trace the cause of the last failure", ...).
+        #[arg(long, default_value = "continue")]
+        task: String,
+        /// Context window (tokens).
+        #[arg(long, default_value_t = 8192)]
+        window: usize,
+        /// Reserved for system prompt and tools.
+        #[arg(long, default_value_t = 1200)]
+        system_tools: usize,
+        /// Reserved for the question and the answer.
+        #[arg(long, default_value_t = 1300)]
+        question_answer: usize,
+        /// Print JSON (text and what was loaded / not loaded).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ws: WorkspaceArgs,
+    },
+    /// Delete one event (from log, index, caches and derived summaries) or a whole session.
+    Delete {
+        /// Session id.
+        session: String,
+        /// The event; without it the whole session is deleted.
+        #[arg(long)]
+        event: Option<i64>,
+        #[command(flatten)]
+        ws: WorkspaceArgs,
+    },
     /// Manage the model store.
     Models {
         #[command(subcommand)]
@@ -119,6 +198,28 @@ enum Cmd {
         #[arg(long)]
         raw: bool,
     },
+}
+
+/// Where the workspace lives.
+#[derive(clap::Args)]
+struct WorkspaceArgs {
+    /// Workspace folder (its database is `workspace.db` inside).
+    #[arg(long, default_value = ".speccompact")]
+    workspace: PathBuf,
+    /// Workspace settings file (see configs/workspace.toml); sections given replace the
+    /// built-in ones key by key.
+    #[arg(long)]
+    workspace_config: Option<PathBuf>,
+}
+
+impl WorkspaceArgs {
+    fn open(&self) -> Result<Workspace> {
+        let cfg = match &self.workspace_config {
+            Some(p) => WorkspaceConfig::load(p)?,
+            None => WorkspaceConfig::default(),
+        };
+        Ok(Workspace::open(&self.workspace, cfg)?)
+    }
 }
 
 #[derive(Subcommand)]
@@ -279,6 +380,80 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let store = Store::open_default()?;
     match &cli.cmd {
+        Cmd::Ingest { input, session, summarize, ws, engine } => {
+            let history = read_history(input, session.as_deref())?;
+            let id = session
+                .clone()
+                .or_else(|| history.id.clone())
+                .unwrap_or_else(|| {
+                    std::path::Path::new(input)
+                        .file_stem()
+                        .map_or("session".into(), |s| s.to_string_lossy().into_owned())
+                });
+            let w = ws.open()?;
+            let s = w.session(&id)?;
+            let out = s.append_history(&history, None)?;
+            println!(
+                "session {id}: {} events appended, {} records written, {} candidates pending confirmation, {} redactions",
+                out.events.len(),
+                out.written.len(),
+                out.pending.len(),
+                out.redactions.len()
+            );
+            for (e, r) in &out.redactions {
+                println!("  redacted {} in event {e} (bytes {}..{})", r.kind, r.start, r.end);
+            }
+            if *summarize {
+                let c = compactor(&cli, &store, engine)?;
+                let summarizer = EngineSummarizer::new(c, Method::Speculative);
+                let done = s.compact(&summarizer, SummaryKind::Budget)?;
+                println!("summary {} (generation {}), {} flagged line(s)", done.summary.id, done.summary.generation, done.summary.flags.len());
+                if let Some(d) = done.divergence {
+                    println!("rebuilt from the log; facts the recursive summary lost: {:?}", d.lost);
+                }
+            }
+        }
+        Cmd::State { session, all, history, json, ws } => {
+            let w = ws.open()?;
+            let s = w.existing(session)?;
+            let recs = match history {
+                Some(k) => s.record_history(k)?,
+                None if *all => s.records()?,
+                None => s.state()?,
+            };
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&recs)?);
+            } else {
+                for r in &recs {
+                    println!("#{:<5} {:<22} {}", r.id, r.status.as_str(), speccompact_workspace::state::render(r));
+                }
+            }
+        }
+        Cmd::Confirm { session, record, event, ws } => {
+            let w = ws.open()?;
+            let r = w.existing(session)?.confirm(*record, *event)?;
+            println!("record {} is now valid (version {}): {}", r.id, r.version, r.value);
+        }
+        Cmd::Assemble { session, task, window, system_tools, question_answer, json, ws } => {
+            let w = ws.open()?;
+            let a = w.existing(session)?.assemble(
+                task,
+                BudgetSpec { window: *window, system_tools: *system_tools, question_answer: *question_answer },
+            )?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&a)?);
+            } else {
+                print!("{}", a.text);
+            }
+        }
+        Cmd::Delete { session, event, ws } => {
+            let w = ws.open()?;
+            let report = match event {
+                Some(e) => w.existing(session)?.delete_event(*e, None)?,
+                None => w.delete_session(session)?,
+            };
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
         Cmd::Models { cmd } => match cmd {
             ModelsCmd::List => {
                 println!("{:<32} {:<8} {:<8} {:>12}  status", "name", "arch", "role", "bytes");

@@ -73,6 +73,22 @@ pub fn candidates(p: &Patterns, c: &ExtractConfig, event: &Event, first_user: bo
             out.push(Draft::new(RecordType::EvidenceRef, &v).key(&format!("evidence:event-{}", event.id)));
         }
     }
+    // Identifiers and paths the user or the owner states: a reference to where they are.
+    if event.writer.is_authorized() {
+        let mut facts: Vec<&str> = event.fields.paths.iter().map(String::as_str).collect();
+        facts.extend(event.fields.identifiers.iter().map(String::as_str));
+        if !facts.is_empty() {
+            let mut v = format!("event {} ({}):", event.id, event.writer.as_str());
+            for f in facts {
+                if v.chars().count() + f.chars().count() + 1 > crate::state::EVIDENCE_REF_MAX_CHARS {
+                    break;
+                }
+                v.push(' ');
+                v.push_str(f);
+            }
+            out.push(Draft::new(RecordType::EvidenceRef, &v).key(&format!("evidence:event-{}", event.id)));
+        }
+    }
     let mut goal_found = false;
     for s in sentences(&event.content) {
         if s.chars().count() > c.max_sentence_chars || s.split_whitespace().count() < 3 {

@@ -554,6 +554,12 @@ impl<'w> Session<'w> {
                 ranked.push(h.event_id);
             }
         }
+        // What the query did not rank fills the rest of the block, newest first.
+        for e in events.iter().rev() {
+            if !ranked.contains(&e.id) {
+                ranked.push(e.id);
+            }
+        }
         let count = |s: &str| (self.ws.count)(s);
         assemble(Inputs {
             task,
