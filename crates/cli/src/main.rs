@@ -105,10 +105,12 @@ enum Cmd {
     Ingest {
         /// History file (same formats as `compact`), or `-` for stdin.
         input: String,
-        /// Session id in a JSONL file of sessions; also the workspace session (default: the
-        /// history's id or the file name).
+        /// Session id in a JSONL file of sessions.
         #[arg(long)]
         session: Option<String>,
+        /// Workspace session to append to (default: the history's id, else the file name).
+        #[arg(long)]
+        name: Option<String>,
         /// Also write a summary with the engine (recursive: it continues the last one).
         #[arg(long)]
         summarize: bool,
@@ -380,9 +382,9 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let store = Store::open_default()?;
     match &cli.cmd {
-        Cmd::Ingest { input, session, summarize, ws, engine } => {
+        Cmd::Ingest { input, session, name, summarize, ws, engine } => {
             let history = read_history(input, session.as_deref())?;
-            let id = session
+            let id = name
                 .clone()
                 .or_else(|| history.id.clone())
                 .unwrap_or_else(|| {

@@ -128,6 +128,18 @@ pub fn candidates(p: &Patterns, c: &ExtractConfig, event: &Event, first_user: bo
         match kind {
             Some(RecordType::Goal) if goal_found => {}
             Some(RecordType::Decision) => out.push(decision(p, s)),
+            Some(RecordType::Goal) if first_user => {
+                // In the opening request the goal is read with what leads up to it ("The
+                // upload test fails on CI. Please fix it."): the verbatim span from the start.
+                goal_found = true;
+                let start = sentences(&event.content)
+                    .first()
+                    .map_or(0, |f| f.as_ptr() as usize - event.content.as_ptr() as usize);
+                let end = s.as_ptr() as usize - event.content.as_ptr() as usize + s.len();
+                let span = &event.content[start..end];
+                let v = if span.chars().count() <= c.max_sentence_chars { span } else { s };
+                out.push(Draft::new(RecordType::Goal, v));
+            }
             Some(k) => {
                 goal_found |= k == RecordType::Goal;
                 out.push(Draft::new(k, s));
@@ -148,6 +160,42 @@ pub fn candidates(p: &Patterns, c: &ExtractConfig, event: &Event, first_user: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_opening_goal_keeps_what_leads_up_to_it() {
+        use crate::config::WorkspaceConfig;
+        use crate::route::{extract_fields, EventClass};
+        let c = WorkspaceConfig::default();
+        let p = c.compile("t").unwrap();
+        let text = "The upload retry test is failing on CI. Please fix it. Do not change the API.";
+        let e = Event {
+            id: 1,
+            session: "s".into(),
+            seq: 0,
+            role: speccompact_history::Role::User,
+            writer: Writer::User,
+            time_ms: 0,
+            class: EventClass::Discussion,
+            tool: None,
+            exit_code: None,
+            content: text.into(),
+            fields: extract_fields(text),
+            tokens: 20,
+        };
+        let got: Vec<(RecordType, String)> = candidates(&p, &c.extract, &e, true)
+            .into_iter()
+            .map(|d| (d.kind, d.value))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (RecordType::Goal, "The upload retry test is failing on CI. Please fix it.".to_string()),
+                (RecordType::Constraint, "Do not change the API.".to_string()),
+            ]
+        );
+        let later: Vec<RecordType> = candidates(&p, &c.extract, &e, false).into_iter().map(|d| d.kind).collect();
+        assert_eq!(later, [RecordType::Goal, RecordType::Constraint]);
+    }
 
     #[test]
     fn sentences_are_verbatim() {

@@ -441,8 +441,9 @@ pub(crate) fn write(
             draft.value.chars().count()
         )));
     }
-    // The writer is the source's author: the most authoritative of the cited events.
-    let writer = sources.iter().map(|e| e.writer).max().unwrap_or(first.writer);
+    // The writer is the least authoritative of the cited events: citing a user message
+    // beside a tool output does not launder the tool's text into a rule.
+    let writer = sources.iter().map(|e| e.writer).min().unwrap_or(first.writer);
     let ids: Vec<i64> = sources.iter().map(|e| e.id).collect();
     let key = draft.field_key();
     let cur = current(conn, session, branch, &key)?;
