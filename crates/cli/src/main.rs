@@ -180,6 +180,38 @@ enum Cmd {
         #[command(flatten)]
         ws: WorkspaceArgs,
     },
+    /// Measure how well a target's one-token judgment separates true from false summary
+    /// lines, per judgment prompt variant; write the calibrated η and the best variant.
+    Calibrate {
+        /// Target model: store name or path.
+        #[arg(long)]
+        target: String,
+        /// Session files (JSONL with `messages` and `probes`); sessions are taken from the
+        /// first file, then the shortest tool-use/coding sessions of the next ones.
+        #[arg(long, value_delimiter = ',', default_values_t = vec!["../shared/evaldata/dev/smoke.jsonl".to_string(), "../shared/evaldata/dev/sessions.jsonl".to_string()])]
+        data: Vec<String>,
+        /// Bench JSON reports whose `sequential` runs give target-written summary lines.
+        #[arg(long, value_delimiter = ',')]
+        summaries: Vec<PathBuf>,
+        /// Sessions in the set.
+        #[arg(long, default_value_t = 12)]
+        sessions: usize,
+        /// Most true lines per session (each gets one corrupted twin).
+        #[arg(long, default_value_t = 12)]
+        per_session: usize,
+        /// Judgment variants file (default configs/judge-variants.toml, built in).
+        #[arg(long)]
+        variants: Option<PathBuf>,
+        /// Calibration file to update with this target's entry.
+        #[arg(long, default_value = "configs/calibration.toml")]
+        out: PathBuf,
+        /// Also write the markdown table here.
+        #[arg(long)]
+        table: Option<PathBuf>,
+        /// Also write every line with its scores here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Manage the model store.
     Models {
         #[command(subcommand)]
@@ -293,7 +325,7 @@ fn compactor(cli: &Cli, store: &Store, a: &EngineArgs) -> Result<Compactor> {
         cfg.target = t.clone();
     }
     if let Some(e) = a.eta {
-        cfg.eta = e;
+        cfg.set_eta(e);
     }
     if let Some(o) = &a.overflow {
         cfg.overflow = match o.as_str() {
@@ -456,6 +488,9 @@ fn main() -> Result<()> {
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
+        Cmd::Calibrate { target, data, summaries, sessions, per_session, variants, out, table, json } => {
+            calibrate_cmd(&cli, &store, target, data, summaries, *sessions, *per_session, variants.as_deref(), out, table.as_deref(), json.as_deref())?;
+        }
         Cmd::Models { cmd } => match cmd {
             ModelsCmd::List => {
                 println!("{:<32} {:<8} {:<8} {:>12}  status", "name", "arch", "role", "bytes");
@@ -616,6 +651,179 @@ fn main() -> Result<()> {
                 c.tokens.len() as f64 / gen_s
             );
         }
+    }
+    Ok(())
+}
+
+/// `speccompact calibrate`.
+#[allow(clippy::too_many_arguments)]
+fn calibrate_cmd(
+    cli: &Cli,
+    store: &Store,
+    target: &str,
+    data: &[String],
+    summaries: &[PathBuf],
+    n_sessions: usize,
+    per_session: usize,
+    variants: Option<&std::path::Path>,
+    out: &std::path::Path,
+    table: Option<&std::path::Path>,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    use speccompact_engine::calibrate::{
+        auc, builtin_variants, choose_eta, line_set, parse_variants, rates, score_lines,
+        summary_lines, Calibrations, Entry, Labelled, SessionSource,
+    };
+    let variants = match variants {
+        Some(p) => parse_variants(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?, &p.display().to_string())?,
+        None => builtin_variants()?,
+    };
+    // Sessions: the first file whole, then the shortest tool-use / coding sessions.
+    let mut picked: Vec<(History, serde_json::Value)> = Vec::new();
+    for (fi, f) in data.iter().enumerate() {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
+        let hs = parse_sessions(&text).with_context(|| format!("parsing {f}"))?;
+        let raws: Vec<serde_json::Value> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(serde_json::from_str)
+            .collect::<std::result::Result<_, _>>()?;
+        let mut both: Vec<(History, serde_json::Value)> = hs.into_iter().zip(raws).collect();
+        if fi > 0 {
+            both.retain(|(h, r)| {
+                matches!(r["kind"].as_str(), Some("tool-use" | "coding"))
+                    && !picked.iter().any(|(p, _)| p.id == h.id)
+            });
+            both.sort_by_key(|(_, r)| r["stats"]["chars"].as_u64().unwrap_or(u64::MAX));
+        }
+        for b in both {
+            if picked.len() < n_sessions {
+                picked.push(b);
+            }
+        }
+    }
+    // Target-written summaries (sequential runs of bench reports).
+    let mut cfg = CompactionConfig::default();
+    cfg.target = target.to_string();
+    cfg.drafter = target.to_string();
+    cfg.calibrated = false;
+    let mut written: std::collections::HashMap<String, Vec<(String, String)>> = Default::default();
+    for p in summaries {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)?;
+        for r in v["runs"].as_array().into_iter().flatten() {
+            if r["method"] == "sequential" {
+                if let (Some(s), Some(md)) = (r["session"].as_str(), r["markdown"].as_str()) {
+                    written.entry(s.to_string()).or_default().extend(summary_lines(&cfg, md));
+                }
+            }
+        }
+    }
+    let settings = runtime_settings(cli)?;
+    let (bar, mut cb) = progress_bar();
+    let c = Compactor::load(cfg.clone(), &settings, store, &mut cb)?;
+    bar.finish_and_clear();
+    let mut sources = Vec::new();
+    for (h, raw) in &picked {
+        let (transcript, _) = c.transcript(h, Method::Sequential)?;
+        let probes = raw["probes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| matches!(p["kind"].as_str(), Some("identifier" | "file")))
+            .flat_map(|p| {
+                let slot = p["slot"].as_str().filter(|s| *s != "any").unwrap_or("critical_context").to_string();
+                p["expect_any"].as_array().into_iter().flatten().filter_map(move |x| x.as_str().map(|s| (s.to_string(), slot.clone())))
+            })
+            .collect();
+        let id = h.id.clone().unwrap_or_default();
+        sources.push(SessionSource {
+            summary: written.get(&id).cloned().unwrap_or_default(),
+            id,
+            transcript,
+            probes,
+        });
+    }
+    let set = line_set(&sources, per_session);
+    for s in &sources {
+        let n = set.iter().filter(|l| l.session == s.id && l.positive()).count();
+        eprintln!("{}: {n} true lines ({} summary lines offered)", s.id, s.summary.len());
+    }
+    let n_pos = set.iter().filter(|l| l.positive()).count();
+    eprintln!("{} lines ({} true, {} false) from {} sessions; {} variants", set.len(), n_pos, set.len() - n_pos, sources.len(), variants.len());
+    let bar = ProgressBar::new(picked.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} sessions ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let mut scores: Vec<Vec<f32>> = vec![Vec::new(); set.len()];
+    let t0 = Instant::now();
+    for (h, _) in &picked {
+        let id = h.id.clone().unwrap_or_default();
+        bar.set_message(id.clone());
+        let idx: Vec<usize> = (0..set.len()).filter(|&i| set[i].session == id).collect();
+        let lines: Vec<&Labelled> = idx.iter().map(|&i| &set[i]).collect();
+        if !lines.is_empty() {
+            let r = score_lines(&c, h, &lines, &variants)?;
+            for (k, i) in idx.iter().enumerate() {
+                scores[*i] = r[k].clone();
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let mut md = String::new();
+    use std::fmt::Write as _;
+    writeln!(md, "Target `{target}`: {} lines ({} true, {} false) from {} sessions, {:.0} s.\n", set.len(), n_pos, set.len() - n_pos, sources.len(), secs)?;
+    writeln!(md, "| variant | AUC | chosen eta | accept (true) | false-accept | at eta 0.7: accept / false-accept | mean r true / false | rule |")?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|")?;
+    let mut best: Option<(f64, Entry)> = None;
+    let mut per_variant = Vec::new();
+    for (vi, v) in variants.iter().enumerate() {
+        let pos: Vec<f32> = set.iter().zip(&scores).filter(|(l, _)| l.positive()).map(|(_, s)| s[vi]).collect();
+        let neg: Vec<f32> = set.iter().zip(&scores).filter(|(l, _)| !l.positive()).map(|(_, s)| s[vi]).collect();
+        let a = auc(&pos, &neg);
+        let (r, rule) = choose_eta(&pos, &neg);
+        let at7 = rates(&pos, &neg, 0.7);
+        let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len().max(1) as f32;
+        writeln!(md, "| {} | {a:.3} | {:.2} | {:.0} % | {:.0} % | {:.0} % / {:.0} % | {:.2} / {:.2} | {rule} |", v.name, r.eta, 100.0 * r.accept, 100.0 * r.false_accept, 100.0 * at7.accept, 100.0 * at7.false_accept, mean(&pos), mean(&neg))?;
+        let e = Entry {
+            eta: (r.eta as f64 * 100.0).round() / 100.0,
+            variant: v.name.clone(),
+            auc: (a * 1000.0).round() / 1000.0,
+            accept_rate: (r.accept * 1000.0).round() / 1000.0,
+            false_accept_rate: (r.false_accept * 1000.0).round() / 1000.0,
+            lines: set.len(),
+            sessions: sources.len(),
+            rule,
+        };
+        per_variant.push(serde_json::json!({"variant": v.name, "auc": a, "chosen": r, "at_0_7": at7}));
+        if best.as_ref().is_none_or(|(b, _)| a > *b) {
+            best = Some((a, e));
+        }
+    }
+    // By kind: mean r of the best variant.
+    if let Some((_, e)) = &best {
+        let vi = variants.iter().position(|v| v.name == e.variant).unwrap_or(0);
+        let mut kinds: std::collections::BTreeMap<&str, (f32, usize)> = Default::default();
+        for (l, s) in set.iter().zip(&scores) {
+            let k = kinds.entry(l.kind.as_str()).or_default();
+            k.0 += s[vi];
+            k.1 += 1;
+        }
+        writeln!(md, "\nMean r by line kind, variant `{}`: {}.", e.variant, kinds.iter().map(|(k, (s, n))| format!("{k} {:.2} (n={n})", s / *n as f32)).collect::<Vec<_>>().join(", "))?;
+        writeln!(md, "Chosen: variant `{}` (highest AUC), eta {:.2}.", e.variant, e.eta)?;
+    }
+    print!("{md}");
+    if let Some(p) = table {
+        write_atomic(p, &md)?;
+    }
+    if let Some(p) = json {
+        let lines: Vec<serde_json::Value> = set.iter().zip(&scores).map(|(l, s)| serde_json::json!({"line": l, "r": variants.iter().map(|v| v.name.clone()).zip(s.iter().copied()).collect::<std::collections::BTreeMap<_, _>>()})).collect();
+        write_atomic(p, &serde_json::to_string_pretty(&serde_json::json!({"target": target, "variants": per_variant, "lines": lines}))?)?;
+    }
+    if let Some((_, e)) = best {
+        let mut cal = Calibrations::load(out)?;
+        cal.models.insert(target.to_string(), e);
+        write_atomic(out, &cal.to_toml()?)?;
+        eprintln!("wrote {}", out.display());
     }
     Ok(())
 }

@@ -625,13 +625,23 @@ pub fn markdown(slots: &[SlotOut]) -> String {
 
 impl Compactor<ModelBackend> {
     /// Resolves both models by store name or path (fetching on first use), loads them with
-    /// the runtime settings, and builds a compactor.
+    /// the runtime settings, and builds a compactor. The target's entry in
+    /// `configs/calibration.toml` sets η and the judgment prompt where the settings leave them
+    /// unset (see [`CompactionConfig::apply_calibration`]).
     pub fn load(
         config: CompactionConfig,
         settings: &speccompact_runtime::RuntimeSettings,
         store: &speccompact_store::Store,
         progress: &mut dyn FnMut(speccompact_store::Progress),
     ) -> Result<Self> {
+        let mut config = config;
+        if let Some(applied) = config.apply_calibration(
+            &crate::calibrate::Calibrations::builtin()?,
+            &crate::calibrate::builtin_variants()?,
+        ) {
+            tracing::info!(%applied, "calibrated verification");
+        }
+        config.validate("calibration")?;
         let device = speccompact_runtime::parse_device(&settings.device)?;
         let opts = settings.load_options();
         let load = |name: &str,

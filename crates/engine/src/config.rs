@@ -101,6 +101,11 @@ pub struct CompactionConfig {
     pub overflow: Overflow,
     /// Drafter/target overlap.
     pub overlap: Overlap,
+    /// Whether the target's calibration entry (η, judgment prompt) applies to unset keys.
+    pub calibrated: bool,
+    /// Keys the user set (file or flags): calibration never overrides them.
+    #[serde(skip)]
+    pub explicit: Vec<String>,
     /// Prompt texts.
     pub prompts: Prompts,
     /// The summary's sections, in order.
@@ -143,6 +148,13 @@ impl CompactionConfig {
             toml::from_str(DEFAULT_CONFIG).map_err(|e| config_err("built-in", e.to_string()))?;
         let over: toml::Table =
             toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
+        let mut explicit = Vec::new();
+        for (k, v) in &over {
+            match v {
+                toml::Value::Table(t) => explicit.extend(t.keys().map(|s| format!("{k}.{s}"))),
+                _ => explicit.push(k.clone()),
+            }
+        }
         for (k, v) in over {
             match (base.get_mut(&k), v) {
                 (Some(toml::Value::Table(b)), toml::Value::Table(o)) => b.extend(o),
@@ -151,11 +163,23 @@ impl CompactionConfig {
                 }
             }
         }
-        let c: Self = toml::Value::Table(base)
+        let mut c: Self = toml::Value::Table(base)
             .try_into()
             .map_err(|e: toml::de::Error| config_err(origin, e.to_string()))?;
+        c.explicit = explicit;
         c.validate(origin)?;
         Ok(c)
+    }
+
+    /// Sets η as the user's choice (calibration will not override it).
+    pub fn set_eta(&mut self, eta: f32) {
+        self.eta = eta;
+        self.explicit.push("eta".into());
+    }
+
+    /// Whether the user set `key` (`eta`, `prompts.judge`, ...).
+    pub fn is_explicit(&self, key: &str) -> bool {
+        self.explicit.iter().any(|k| k == key)
     }
 
     /// Checks ranges and the schema.

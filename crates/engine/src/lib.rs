@@ -11,11 +11,13 @@
 //! scoring after a shared prefix), `model_backend` (the runtime behind it), `scripted` (a
 //! backend whose outputs a test chooses), `judge` (label scoring), `lines` (line checks),
 //! `speculative` (the slot streams), `baselines`, `compactor` (the public API and the
-//! result types), `bench` (methods compared end to end).
+//! result types), `bench` (methods compared end to end), `calibrate` (the verifier's line set,
+//! scores and calibrated η).
 
 pub mod backend;
 pub mod baselines;
 pub mod bench;
+pub mod calibrate;
 pub mod compactor;
 pub mod config;
 mod error;
