@@ -75,7 +75,12 @@ fn main() -> Result<()> {
         .into_iter()
         .find(|m| m.as_str() == args.method)
         .context("unknown method")?;
-    let compactor = Compactor::load(cfg.clone(), &RuntimeSettings::default(), &store, &mut |_| {})?;
+    let compactor = Compactor::load(
+        cfg.clone(),
+        &RuntimeSettings::default(),
+        &store,
+        &mut |_| {},
+    )?;
     let target = compactor.target().clone();
     let counter_backend = target.clone();
     let summarizer = EngineSummarizer::new(compactor, method);
@@ -86,7 +91,10 @@ fn main() -> Result<()> {
     };
     let mut table = String::new();
     writeln!(table, "| session | events | goal | constraint | permission | acceptance | open_issue | decision | done | evidence_ref | pending | judge-rejected | summary flags | probes | in summary | in assembled context | state/summary/evidence tokens | seconds |")?;
-    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(
+        table,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )?;
     let mut rows = Vec::new();
     let (mut tot_p, mut tot_s, mut tot_a) = (0usize, 0usize, 0usize);
     for (h, raw) in sessions.iter().zip(&raw) {
@@ -94,11 +102,12 @@ fn main() -> Result<()> {
         let t0 = Instant::now();
         let judge = Arc::new(ModelJudge::new(target.clone(), cfg.clone()));
         let cb = counter_backend.clone();
-        let ws = Workspace::in_memory(WorkspaceConfig::default())?
-            .with_token_counter(Arc::new(move |s: &str| {
+        let ws = Workspace::in_memory(WorkspaceConfig::default())?.with_token_counter(Arc::new(
+            move |s: &str| {
                 use speccompact_engine::Backend;
                 cb.count_tokens(s).unwrap_or(s.len() / 4)
-            }));
+            },
+        ));
         ws.register_cache(judge.clone());
         let s = ws.session(&id)?;
         let ing = s.append_history(h, Some((judge.as_ref(), args.judge_eta)))?;
@@ -123,13 +132,22 @@ fn main() -> Result<()> {
                     .map(|p| {
                         p["expect_any"]
                             .as_array()
-                            .map(|v| v.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+                            .map(|v| {
+                                v.iter()
+                                    .filter_map(|x| x.as_str().map(str::to_string))
+                                    .collect()
+                            })
                             .unwrap_or_default()
                     })
                     .collect()
             })
             .unwrap_or_default();
-        let hit = |text: &str| probes.iter().filter(|any| any.iter().any(|x| text.contains(x.as_str()))).count();
+        let hit = |text: &str| {
+            probes
+                .iter()
+                .filter(|any| any.iter().any(|x| text.contains(x.as_str())))
+                .count()
+        };
         let in_summary = hit(&compacted.summary.text);
         let in_context = hit(&a.text);
         tot_p += probes.len();
@@ -155,7 +173,10 @@ fn main() -> Result<()> {
             a.used[1],
             a.used[2],
         )?;
-        eprintln!("{id}: {} probes, {in_summary} in summary, {in_context} in context ({secs:.0} s)", probes.len());
+        eprintln!(
+            "{id}: {} probes, {in_summary} in summary, {in_context} in context ({secs:.0} s)",
+            probes.len()
+        );
         rows.push(serde_json::json!({
             "session": id,
             "events": ing.events.len(),
@@ -169,7 +190,13 @@ fn main() -> Result<()> {
             "seconds": secs,
         }));
     }
-    let pct = |n: usize| if tot_p == 0 { 0.0 } else { 100.0 * n as f64 / tot_p as f64 };
+    let pct = |n: usize| {
+        if tot_p == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / tot_p as f64
+        }
+    };
     writeln!(
         table,
         "\nIdentifier/file probes over all sessions: {tot_p}; in the summary alone {tot_s} ({:.0} %), in the assembled context {tot_a} ({:.0} %).",

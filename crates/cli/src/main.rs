@@ -10,7 +10,9 @@ use speccompact_runtime::{
     greedy, parse_device, set_threads, ChatMessage, Model, RuntimeSettings, StopRules,
 };
 use speccompact_store::{Progress, Status, Store};
-use speccompact_workspace::{BudgetSpec, EngineSummarizer, SummaryKind, Workspace, WorkspaceConfig};
+use speccompact_workspace::{
+    BudgetSpec, EngineSummarizer, SummaryKind, Workspace, WorkspaceConfig,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -675,7 +677,10 @@ fn calibrate_cmd(
         summary_lines, Calibrations, Entry, Labelled, SessionSource,
     };
     let variants = match variants {
-        Some(p) => parse_variants(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?, &p.display().to_string())?,
+        Some(p) => parse_variants(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            &p.display().to_string(),
+        )?,
         None => builtin_variants()?,
     };
     // Sessions: the first file whole, then the shortest tool-use / coding sessions.
@@ -709,11 +714,16 @@ fn calibrate_cmd(
     cfg.calibrated = false;
     let mut written: std::collections::HashMap<String, Vec<(String, String)>> = Default::default();
     for p in summaries {
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)?;
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )?;
         for r in v["runs"].as_array().into_iter().flatten() {
             if r["method"] == "sequential" {
                 if let (Some(s), Some(md)) = (r["session"].as_str(), r["markdown"].as_str()) {
-                    written.entry(s.to_string()).or_default().extend(summary_lines(&cfg, md));
+                    written
+                        .entry(s.to_string())
+                        .or_default()
+                        .extend(summary_lines(&cfg, md));
                 }
             }
         }
@@ -731,8 +741,16 @@ fn calibrate_cmd(
             .flatten()
             .filter(|p| matches!(p["kind"].as_str(), Some("identifier" | "file")))
             .flat_map(|p| {
-                let slot = p["slot"].as_str().filter(|s| *s != "any").unwrap_or("critical_context").to_string();
-                p["expect_any"].as_array().into_iter().flatten().filter_map(move |x| x.as_str().map(|s| (s.to_string(), slot.clone())))
+                let slot = p["slot"]
+                    .as_str()
+                    .filter(|s| *s != "any")
+                    .unwrap_or("critical_context")
+                    .to_string();
+                p["expect_any"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(move |x| x.as_str().map(|s| (s.to_string(), slot.clone())))
             })
             .collect();
         let id = h.id.clone().unwrap_or_default();
@@ -745,13 +763,30 @@ fn calibrate_cmd(
     }
     let set = line_set(&sources, per_session);
     for s in &sources {
-        let n = set.iter().filter(|l| l.session == s.id && l.positive()).count();
-        eprintln!("{}: {n} true lines ({} summary lines offered)", s.id, s.summary.len());
+        let n = set
+            .iter()
+            .filter(|l| l.session == s.id && l.positive())
+            .count();
+        eprintln!(
+            "{}: {n} true lines ({} summary lines offered)",
+            s.id,
+            s.summary.len()
+        );
     }
     let n_pos = set.iter().filter(|l| l.positive()).count();
-    eprintln!("{} lines ({} true, {} false) from {} sessions; {} variants", set.len(), n_pos, set.len() - n_pos, sources.len(), variants.len());
+    eprintln!(
+        "{} lines ({} true, {} false) from {} sessions; {} variants",
+        set.len(),
+        n_pos,
+        set.len() - n_pos,
+        sources.len(),
+        variants.len()
+    );
     let bar = ProgressBar::new(picked.len() as u64);
-    bar.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} sessions ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} sessions ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     let mut scores: Vec<Vec<f32>> = vec![Vec::new(); set.len()];
     let t0 = Instant::now();
     for (h, _) in &picked {
@@ -771,14 +806,32 @@ fn calibrate_cmd(
     let secs = t0.elapsed().as_secs_f64();
     let mut md = String::new();
     use std::fmt::Write as _;
-    writeln!(md, "Target `{target}`: {} lines ({} true, {} false) from {} sessions, {:.0} s.\n", set.len(), n_pos, set.len() - n_pos, sources.len(), secs)?;
+    writeln!(
+        md,
+        "Target `{target}`: {} lines ({} true, {} false) from {} sessions, {:.0} s.\n",
+        set.len(),
+        n_pos,
+        set.len() - n_pos,
+        sources.len(),
+        secs
+    )?;
     writeln!(md, "| variant | AUC | chosen eta | accept (true) | false-accept | at eta 0.7: accept / false-accept | mean r true / false | rule |")?;
     writeln!(md, "|---|---|---|---|---|---|---|---|")?;
     let mut best: Option<(f64, Entry)> = None;
     let mut per_variant = Vec::new();
     for (vi, v) in variants.iter().enumerate() {
-        let pos: Vec<f32> = set.iter().zip(&scores).filter(|(l, _)| l.positive()).map(|(_, s)| s[vi]).collect();
-        let neg: Vec<f32> = set.iter().zip(&scores).filter(|(l, _)| !l.positive()).map(|(_, s)| s[vi]).collect();
+        let pos: Vec<f32> = set
+            .iter()
+            .zip(&scores)
+            .filter(|(l, _)| l.positive())
+            .map(|(_, s)| s[vi])
+            .collect();
+        let neg: Vec<f32> = set
+            .iter()
+            .zip(&scores)
+            .filter(|(l, _)| !l.positive())
+            .map(|(_, s)| s[vi])
+            .collect();
         let a = auc(&pos, &neg);
         let (r, rule) = choose_eta(&pos, &neg);
         let at7 = rates(&pos, &neg, 0.7);
@@ -794,22 +847,39 @@ fn calibrate_cmd(
             sessions: sources.len(),
             rule,
         };
-        per_variant.push(serde_json::json!({"variant": v.name, "auc": a, "chosen": r, "at_0_7": at7}));
+        per_variant
+            .push(serde_json::json!({"variant": v.name, "auc": a, "chosen": r, "at_0_7": at7}));
         if best.as_ref().is_none_or(|(b, _)| a > *b) {
             best = Some((a, e));
         }
     }
     // By kind: mean r of the best variant.
     if let Some((_, e)) = &best {
-        let vi = variants.iter().position(|v| v.name == e.variant).unwrap_or(0);
+        let vi = variants
+            .iter()
+            .position(|v| v.name == e.variant)
+            .unwrap_or(0);
         let mut kinds: std::collections::BTreeMap<&str, (f32, usize)> = Default::default();
         for (l, s) in set.iter().zip(&scores) {
             let k = kinds.entry(l.kind.as_str()).or_default();
             k.0 += s[vi];
             k.1 += 1;
         }
-        writeln!(md, "\nMean r by line kind, variant `{}`: {}.", e.variant, kinds.iter().map(|(k, (s, n))| format!("{k} {:.2} (n={n})", s / *n as f32)).collect::<Vec<_>>().join(", "))?;
-        writeln!(md, "Chosen: variant `{}` (highest AUC), eta {:.2}.", e.variant, e.eta)?;
+        writeln!(
+            md,
+            "\nMean r by line kind, variant `{}`: {}.",
+            e.variant,
+            kinds
+                .iter()
+                .map(|(k, (s, n))| format!("{k} {:.2} (n={n})", s / *n as f32))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+        writeln!(
+            md,
+            "Chosen: variant `{}` (highest AUC), eta {:.2}.",
+            e.variant, e.eta
+        )?;
     }
     print!("{md}");
     if let Some(p) = table {
@@ -817,7 +887,12 @@ fn calibrate_cmd(
     }
     if let Some(p) = json {
         let lines: Vec<serde_json::Value> = set.iter().zip(&scores).map(|(l, s)| serde_json::json!({"line": l, "r": variants.iter().map(|v| v.name.clone()).zip(s.iter().copied()).collect::<std::collections::BTreeMap<_, _>>()})).collect();
-        write_atomic(p, &serde_json::to_string_pretty(&serde_json::json!({"target": target, "variants": per_variant, "lines": lines}))?)?;
+        write_atomic(
+            p,
+            &serde_json::to_string_pretty(
+                &serde_json::json!({"target": target, "variants": per_variant, "lines": lines}),
+            )?,
+        )?;
     }
     if let Some((_, e)) = best {
         let mut cal = Calibrations::load(out)?;

@@ -172,7 +172,12 @@ impl CompactionConfig {
             self.eta = e.eta as f32;
             done.push(format!("eta {}", e.eta));
         }
-        let judge_keys = ["prompts.judge", "prompts.judge_rule", "positive_labels", "negative_labels"];
+        let judge_keys = [
+            "prompts.judge",
+            "prompts.judge_rule",
+            "positive_labels",
+            "negative_labels",
+        ];
         if !judge_keys.iter().any(|k| self.is_explicit(k)) {
             if let Some(v) = variants.iter().find(|v| v.name == e.variant) {
                 v.apply(self);
@@ -265,7 +270,9 @@ fn is_fact(w: &str) -> bool {
         && (w.chars().any(|c| c.is_ascii_digit())
             || w.contains('_')
             || (w.contains('/') && w.chars().any(|c| c.is_alphabetic()))
-            || (w.len() >= 4 && w.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())))
+            || (w.len() >= 4
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())))
 }
 
 /// The facts of a text: identifiers, numbers and paths, as they appear.
@@ -281,14 +288,19 @@ pub fn facts(text: &str) -> Vec<&str> {
 }
 
 fn fnv(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Replaces the first fact of `line` by a fact from `pool` that does not occur in
 /// `transcript` (same shape preferred: all digits for all digits). Returns the new line, the
 /// fact replaced and its replacement.
-pub fn swap_fact(line: &str, pool: &[String], transcript: &str) -> Option<(String, String, String)> {
+pub fn swap_fact(
+    line: &str,
+    pool: &[String],
+    transcript: &str,
+) -> Option<(String, String, String)> {
     let f = *facts(line).first()?;
     let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
     let cands: Vec<&String> = pool
@@ -313,12 +325,19 @@ const AUXILIARIES: &[&str] = &[
 /// auxiliary or is already negated.
 pub fn negate(line: &str) -> Option<String> {
     let lower = line.to_lowercase();
-    if lower.split_whitespace().any(|w| matches!(w, "not" | "no" | "never" | "n't")) || lower.contains("n't") {
+    if lower
+        .split_whitespace()
+        .any(|w| matches!(w, "not" | "no" | "never" | "n't"))
+        || lower.contains("n't")
+    {
         return None;
     }
     let mut at = 0;
     for w in line.split_inclusive(' ') {
-        let bare = w.trim().trim_end_matches([',', '.', ':', ';']).to_lowercase();
+        let bare = w
+            .trim()
+            .trim_end_matches([',', '.', ':', ';'])
+            .to_lowercase();
         if AUXILIARIES.contains(&bare.as_str()) && w.ends_with(' ') {
             let end = at + w.len() - 1;
             return Some(format!("{} not{}", &line[..end], &line[end..]));
@@ -391,7 +410,12 @@ fn quote_around(line: &str, needle: &str, max: usize) -> String {
         return line.to_string();
     }
     let at = line.find(needle).unwrap_or(0);
-    let start = line[..at].char_indices().rev().map(|(i, _)| i).find(|&i| at - i >= max / 2 && line[i..].starts_with(' ')).unwrap_or(0);
+    let start = line[..at]
+        .char_indices()
+        .rev()
+        .map(|(i, _)| i)
+        .find(|&i| at - i >= max / 2 && line[i..].starts_with(' '))
+        .unwrap_or(0);
     let s: String = line[start..].chars().take(max).collect();
     let s = match s.rfind(' ') {
         Some(i) if i > needle.len() && s.len() == max => s[..i].to_string(),
@@ -428,7 +452,12 @@ pub fn line_set(sessions: &[SessionSource], per_session: usize) -> Vec<Labelled>
         }
         for (probe, slot) in &s.probes {
             if let Some(l) = s.transcript.lines().find(|l| l.contains(probe.as_str())) {
-                push(&mut p, slot, format!("- {}", quote_around(l, probe, 160)), LineKind::ProbeQuote);
+                push(
+                    &mut p,
+                    slot,
+                    format!("- {}", quote_around(l, probe, 160)),
+                    LineKind::ProbeQuote,
+                );
             }
         }
         // Other quotes: sentences of the history (not JSON, not role markers) with a fact.
@@ -440,7 +469,12 @@ pub fn line_set(sessions: &[SessionSource], per_session: usize) -> Vec<Labelled>
             for sent in l.split_inclusive(". ") {
                 let sent = sent.trim();
                 if (30..=200).contains(&sent.chars().count()) && !facts(sent).is_empty() {
-                    push(&mut p, "critical_context", format!("- {sent}"), LineKind::Quote);
+                    push(
+                        &mut p,
+                        "critical_context",
+                        format!("- {sent}"),
+                        LineKind::Quote,
+                    );
                 }
             }
         }
@@ -449,7 +483,10 @@ pub fn line_set(sessions: &[SessionSource], per_session: usize) -> Vec<Labelled>
     let pool: Vec<Vec<String>> = positives
         .iter()
         .map(|ps| {
-            let mut v: Vec<String> = ps.iter().flat_map(|p| facts(&p.text).into_iter().map(str::to_string)).collect();
+            let mut v: Vec<String> = ps
+                .iter()
+                .flat_map(|p| facts(&p.text).into_iter().map(str::to_string))
+                .collect();
             v.sort();
             v.dedup();
             v
@@ -518,7 +555,11 @@ pub fn summary_lines(cfg: &CompactionConfig, markdown: &str) -> Vec<(String, Str
                 .find(|s| s.title.eq_ignore_ascii_case(t.trim()))
                 .map(|s| s.name.clone())
                 .unwrap_or_default();
-        } else if !slot.is_empty() && !l.trim().is_empty() && !l.starts_with('#') && l.trim() != "(none)" {
+        } else if !slot.is_empty()
+            && !l.trim().is_empty()
+            && !l.starts_with('#')
+            && l.trim() != "(none)"
+        {
             out.push((slot.clone(), l.trim().to_string()));
         }
     }
@@ -675,12 +716,17 @@ pub const MIN_ACCEPT: f64 = 0.50;
 /// errors); when no η does both, the η of best balanced accuracy (lowest on ties). Returns
 /// the rates at the chosen η and the rule that chose it.
 pub fn choose_eta(pos: &[f32], neg: &[f32]) -> (Rates, String) {
-    let grid: Vec<Rates> = (1..=100).map(|i| rates(pos, neg, i as f32 / 100.0)).collect();
+    let grid: Vec<Rates> = (1..=100)
+        .map(|i| rates(pos, neg, i as f32 / 100.0))
+        .collect();
     if let Some(r) = grid
         .iter()
         .find(|r| r.false_accept <= MAX_FALSE_ACCEPT && r.accept >= MIN_ACCEPT)
     {
-        return (*r, "lowest eta with false-accept <= 10 % and accept >= 50 %".into());
+        return (
+            *r,
+            "lowest eta with false-accept <= 10 % and accept >= 50 %".into(),
+        );
     }
     let mut best = grid[0];
     for r in &grid {
@@ -688,7 +734,10 @@ pub fn choose_eta(pos: &[f32], neg: &[f32]) -> (Rates, String) {
             best = *r;
         }
     }
-    (best, "best balanced accuracy (no eta kept false-accept <= 10 % with accept >= 50 %)".into())
+    (
+        best,
+        "best balanced accuracy (no eta kept false-accept <= 10 % with accept >= 50 %)".into(),
+    )
 }
 
 #[cfg(test)]
@@ -722,7 +771,8 @@ mod tests {
     #[test]
     fn each_corruption_changes_exactly_the_intended_fact() {
         let line = "- Reservation MDCLVA was cancelled for emma_kim_9957.";
-        let (swapped, from, to) = swap_fact(line, &["OWZ4XL".into(), "MDCLVA".into()], "MDCLVA").unwrap();
+        let (swapped, from, to) =
+            swap_fact(line, &["OWZ4XL".into(), "MDCLVA".into()], "MDCLVA").unwrap();
         assert_eq!((from.as_str(), to.as_str()), ("MDCLVA", "OWZ4XL"));
         let (a, b) = (words(line), words(&swapped));
         assert_eq!(a.len(), b.len());
@@ -732,13 +782,19 @@ mod tests {
         assert!(swap_fact(line, &["MDCLVA".into()], "MDCLVA").is_none());
 
         let neg = negate(line).unwrap();
-        assert_eq!(neg, "- Reservation MDCLVA was not cancelled for emma_kim_9957.");
+        assert_eq!(
+            neg,
+            "- Reservation MDCLVA was not cancelled for emma_kim_9957."
+        );
         assert_eq!(neg.replacen(" not", "", 1), line);
         assert!(negate("- The build did not pass.").is_none());
         assert!(negate("- Reservation MDCLVA for emma.").is_none());
 
         let (flipped, w, r) = flip_outcome("- Refund Approved for MDCLVA.").unwrap();
-        assert_eq!((flipped.as_str(), w.as_str(), r.as_str()), ("- Refund Refused for MDCLVA.", "Approved", "Refused"));
+        assert_eq!(
+            (flipped.as_str(), w.as_str(), r.as_str()),
+            ("- Refund Refused for MDCLVA.", "Approved", "Refused")
+        );
         let (flipped, _, _) = flip_outcome(line).unwrap();
         let (a, b) = (words(line), words(&flipped));
         let diff: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
@@ -753,22 +809,37 @@ mod tests {
         let set = line_set(&s, 10);
         assert_eq!(set, line_set(&s, 10), "deterministic");
         // The unsupported summary line (HAT999 is not in the history) is not a positive.
-        assert!(!set.iter().any(|l| l.positive() && l.text.contains("HAT999")));
+        assert!(!set
+            .iter()
+            .any(|l| l.positive() && l.text.contains("HAT999")));
         let pos = set.iter().filter(|l| l.positive()).count();
         let neg = set.len() - pos;
         assert_eq!(pos, neg, "one negative per positive");
         for l in &set {
             if l.positive() {
-                assert!(facts(&l.text).iter().all(|f| s.iter().find(|x| x.id == l.session).unwrap().transcript.contains(f)));
+                assert!(facts(&l.text).iter().all(|f| s
+                    .iter()
+                    .find(|x| x.id == l.session)
+                    .unwrap()
+                    .transcript
+                    .contains(f)));
             } else {
                 assert_ne!(Some(&l.text), l.original.as_ref());
             }
         }
         let kinds: std::collections::BTreeSet<LineKind> = set.iter().map(|l| l.kind).collect();
-        for k in [LineKind::Summary, LineKind::ProbeQuote, LineKind::SwapFact, LineKind::Negation, LineKind::OutcomeFlip] {
+        for k in [
+            LineKind::Summary,
+            LineKind::ProbeQuote,
+            LineKind::SwapFact,
+            LineKind::Negation,
+            LineKind::OutcomeFlip,
+        ] {
             assert!(kinds.contains(&k), "{k:?} in {kinds:?}");
         }
-        assert!(set.iter().any(|l| l.kind == LineKind::ProbeQuote && l.text.contains("tests/test_io.py")));
+        assert!(set
+            .iter()
+            .any(|l| l.kind == LineKind::ProbeQuote && l.text.contains("tests/test_io.py")));
         // Other-session lines carry no fact of the session they are judged against.
         for l in set.iter().filter(|l| l.kind == LineKind::OtherSession) {
             let t = &s.iter().find(|x| x.id == l.session).unwrap().transcript;
@@ -792,7 +863,10 @@ mod tests {
         let pos: Vec<f32> = (0..20).map(|i| 0.80 + i as f32 * 0.01).collect();
         let neg: Vec<f32> = (0..30).map(|i| 0.30 + i as f32 * 0.01).collect();
         let (r, rule) = choose_eta(&pos, &neg);
-        assert!(r.false_accept <= MAX_FALSE_ACCEPT && r.accept == 1.0, "{r:?}");
+        assert!(
+            r.false_accept <= MAX_FALSE_ACCEPT && r.accept == 1.0,
+            "{r:?}"
+        );
         let below = rates(&pos, &neg, r.eta - 0.01);
         assert!(below.false_accept > MAX_FALSE_ACCEPT, "{below:?}");
         assert!((0.55..=0.60).contains(&r.eta), "{r:?}");
@@ -840,7 +914,8 @@ mod tests {
         u.apply_calibration(&cal, &variants);
         assert_eq!(u.eta, 0.8, "the user's eta wins");
         assert!(u.prompts.judge.starts_with("Claim:"));
-        let mut f = CompactionConfig::overlay("calibrated = false\ntarget = \"t\"", "user.toml").unwrap();
+        let mut f =
+            CompactionConfig::overlay("calibrated = false\ntarget = \"t\"", "user.toml").unwrap();
         assert!(f.apply_calibration(&cal, &variants).is_none());
         assert_eq!(f.eta, 0.7);
         let mut flag = CompactionConfig::default();

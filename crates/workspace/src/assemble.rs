@@ -28,8 +28,10 @@ pub enum Focus {
 pub fn focus_of(task: &str) -> Focus {
     static RE: OnceLock<Regex> = OnceLock::new();
     let re = RE.get_or_init(|| {
-        Regex::new(r"(?i)\b(fail\w*|error\w*|cause|why|debug\w*|diagnos\w*|trace|broken|crash\w*|bug)\b")
-            .unwrap_or_else(|e| panic!("{e}"))
+        Regex::new(
+            r"(?i)\b(fail\w*|error\w*|cause|why|debug\w*|diagnos\w*|trace|broken|crash\w*|bug)\b",
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
     });
     if re.is_match(task) {
         Focus::Diagnose
@@ -133,7 +135,8 @@ pub fn assemble(i: Inputs<'_>) -> Result<Assembled> {
     let plan = i.plan;
     let focus = focus_of(i.task);
     // State: the always-loaded records must fit the history budget.
-    let mut state_text = String::from("## Protected state (verbatim; rules only the user or owner can change)\n");
+    let mut state_text =
+        String::from("## Protected state (verbatim; rules only the user or owner can change)\n");
     let mut records = Vec::new();
     let mut omitted_records = Vec::new();
     let mut sorted: Vec<&Record> = i.state.iter().collect();
@@ -184,7 +187,10 @@ pub fn assemble(i: Inputs<'_>) -> Result<Assembled> {
         let order = section_order(focus);
         secs.sort_by_key(|(t, _)| {
             let t = t.to_lowercase();
-            order.iter().position(|o| t.starts_with(o)).unwrap_or(order.len())
+            order
+                .iter()
+                .position(|o| t.starts_with(o))
+                .unwrap_or(order.len())
         });
         for (title, lines) in secs {
             let kept: Vec<&String> = lines
@@ -295,10 +301,18 @@ pub fn assemble(i: Inputs<'_>) -> Result<Assembled> {
         if loaded.contains(id) {
             continue;
         }
-        let p = format!("{}\n{}\n", e.header(), cut(&e.content, i.passage_tokens, count));
+        let p = format!(
+            "{}\n{}\n",
+            e.header(),
+            cut(&e.content, i.passage_tokens, count)
+        );
         let mut trial = loaded.clone();
         trial.push(*id);
-        let body: String = passages.iter().map(String::as_str).chain([p.as_str()]).collect();
+        let body: String = passages
+            .iter()
+            .map(String::as_str)
+            .chain([p.as_str()])
+            .collect();
         let total = count(&format!("## Evidence\n{body}")) + count(&not_loaded(&trial).0);
         if total <= evidence_cap {
             passages.push(p);

@@ -134,7 +134,12 @@ fn rank(r: &Record) -> (crate::route::Writer, i64) {
 }
 
 /// Merges a branch into the main line.
-pub(crate) fn merge(conn: &Connection, session: &str, name: &str, on_stale: OnStale) -> Result<MergeReport> {
+pub(crate) fn merge(
+    conn: &Connection,
+    session: &str,
+    name: &str,
+    on_stale: OnStale,
+) -> Result<MergeReport> {
     let (st, base) = status(conn, session, name)?;
     if st != BranchStatus::Open {
         return Err(Error::Branch {
@@ -156,7 +161,10 @@ pub(crate) fn merge(conn: &Connection, session: &str, name: &str, on_stale: OnSt
     // The branch's increments: its latest valid or pending record per field.
     let own = state::on_branch(conn, session, name)?;
     let mut latest: Vec<&Record> = Vec::new();
-    for r in own.iter().filter(|r| matches!(r.status, Status::Valid | Status::PendingConfirmation)) {
+    for r in own
+        .iter()
+        .filter(|r| matches!(r.status, Status::Valid | Status::PendingConfirmation))
+    {
         latest.retain(|x| x.key != r.key || x.status != r.status);
         latest.push(r);
     }
@@ -172,7 +180,18 @@ pub(crate) fn merge(conn: &Connection, session: &str, name: &str, on_stale: OnSt
         };
         let version = cur.as_ref().map_or(1, |c| c.version + 1);
         if inc.status == Status::PendingConfirmation {
-            let r = state::insert(conn, session, MAIN, &inc.key, &draft, &inc.sources, inc.writer, inc.time_ms, version, Status::PendingConfirmation)?;
+            let r = state::insert(
+                conn,
+                session,
+                MAIN,
+                &inc.key,
+                &draft,
+                &inc.sources,
+                inc.writer,
+                inc.time_ms,
+                version,
+                Status::PendingConfirmation,
+            )?;
             fields.push(FieldMerge {
                 key: inc.key.clone(),
                 branch_record: inc.id,
@@ -183,19 +202,51 @@ pub(crate) fn merge(conn: &Connection, session: &str, name: &str, on_stale: OnSt
         }
         let (apply, rule) = match &cur {
             None => (true, "new field".to_string()),
-            Some(c) if c.value == inc.value && c.kind == inc.kind => (false, "same value already in force".to_string()),
+            Some(c) if c.value == inc.value && c.kind == inc.kind => {
+                (false, "same value already in force".to_string())
+            }
             Some(c) if c.stamp <= base => (true, "main unchanged since the fork".to_string()),
             Some(c) => {
                 let (a, b) = (rank(inc), rank(c));
                 if a > b {
-                    (true, format!("conflict: branch wins ({} event {} over {} event {})", a.0.as_str(), a.1, b.0.as_str(), b.1))
+                    (
+                        true,
+                        format!(
+                            "conflict: branch wins ({} event {} over {} event {})",
+                            a.0.as_str(),
+                            a.1,
+                            b.0.as_str(),
+                            b.1
+                        ),
+                    )
                 } else {
-                    (false, format!("conflict: main keeps record {} ({} event {} over {} event {})", c.id, b.0.as_str(), b.1, a.0.as_str(), a.1))
+                    (
+                        false,
+                        format!(
+                            "conflict: main keeps record {} ({} event {} over {} event {})",
+                            c.id,
+                            b.0.as_str(),
+                            b.1,
+                            a.0.as_str(),
+                            a.1
+                        ),
+                    )
                 }
             }
         };
         let applied = if apply {
-            let r = state::insert(conn, session, MAIN, &inc.key, &draft, &inc.sources, inc.writer, inc.time_ms, version, Status::Valid)?;
+            let r = state::insert(
+                conn,
+                session,
+                MAIN,
+                &inc.key,
+                &draft,
+                &inc.sources,
+                inc.writer,
+                inc.time_ms,
+                version,
+                Status::Valid,
+            )?;
             if let Some(c) = &cur {
                 state::set_status(conn, c.id, Status::Replaced)?;
             }
@@ -204,7 +255,18 @@ pub(crate) fn merge(conn: &Connection, session: &str, name: &str, on_stale: OnSt
             if cur.as_ref().is_some_and(|c| c.value != inc.value) {
                 let mut d = draft.clone();
                 d.detail.note = Some(rule.clone());
-                state::insert(conn, session, MAIN, &inc.key, &d, &inc.sources, inc.writer, inc.time_ms, version, Status::Rejected)?;
+                state::insert(
+                    conn,
+                    session,
+                    MAIN,
+                    &inc.key,
+                    &d,
+                    &inc.sources,
+                    inc.writer,
+                    inc.time_ms,
+                    version,
+                    Status::Rejected,
+                )?;
             }
             None
         };

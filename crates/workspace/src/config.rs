@@ -314,7 +314,10 @@ mod tests {
         let e = WorkspaceConfig::overlay("[extract]\nconstraint = '(unclosed'", "f.toml")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("f.toml") && e.contains("extract.constraint"), "{e}");
+        assert!(
+            e.contains("f.toml") && e.contains("extract.constraint"),
+            "{e}"
+        );
         let e = WorkspaceConfig::overlay("[[route.rules]]\nclass = 'gossip'", "f.toml")
             .unwrap_err()
             .to_string();

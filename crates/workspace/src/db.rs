@@ -149,13 +149,20 @@ mod tests {
         let path = dir.path().join("ws/workspace.db");
         drop(open(&path).unwrap());
         let c = open(&path).unwrap();
-        let v: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        let v: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
-        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
         drop(c);
         let e = open(&path).unwrap_err().to_string();
         assert!(e.contains("newer"), "{e}");
-        std::fs::write(dir.path().join("junk.db"), b"this is not sqlite at all, not at all").unwrap();
+        std::fs::write(
+            dir.path().join("junk.db"),
+            b"this is not sqlite at all, not at all",
+        )
+        .unwrap();
         let e = open(&dir.path().join("junk.db")).unwrap_err().to_string();
         assert!(e.contains("junk.db"), "{e}");
     }

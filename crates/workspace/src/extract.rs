@@ -69,8 +69,14 @@ pub fn candidates(p: &Patterns, c: &ExtractConfig, event: &Event, first_user: bo
             if !event.fields.test_results.is_empty() {
                 v.push_str(&format!(" ({})", event.fields.test_results.join(", ")));
             }
-            let v: String = v.chars().take(crate::state::EVIDENCE_REF_MAX_CHARS).collect();
-            out.push(Draft::new(RecordType::EvidenceRef, &v).key(&format!("evidence:event-{}", event.id)));
+            let v: String = v
+                .chars()
+                .take(crate::state::EVIDENCE_REF_MAX_CHARS)
+                .collect();
+            out.push(
+                Draft::new(RecordType::EvidenceRef, &v)
+                    .key(&format!("evidence:event-{}", event.id)),
+            );
         }
     }
     // Identifiers and paths the user or the owner states: a reference to where they are.
@@ -80,13 +86,17 @@ pub fn candidates(p: &Patterns, c: &ExtractConfig, event: &Event, first_user: bo
         if !facts.is_empty() {
             let mut v = format!("event {} ({}):", event.id, event.writer.as_str());
             for f in facts {
-                if v.chars().count() + f.chars().count() + 1 > crate::state::EVIDENCE_REF_MAX_CHARS {
+                if v.chars().count() + f.chars().count() + 1 > crate::state::EVIDENCE_REF_MAX_CHARS
+                {
                     break;
                 }
                 v.push(' ');
                 v.push_str(f);
             }
-            out.push(Draft::new(RecordType::EvidenceRef, &v).key(&format!("evidence:event-{}", event.id)));
+            out.push(
+                Draft::new(RecordType::EvidenceRef, &v)
+                    .key(&format!("evidence:event-{}", event.id)),
+            );
         }
     }
     let mut goal_found = false;
@@ -137,7 +147,11 @@ pub fn candidates(p: &Patterns, c: &ExtractConfig, event: &Event, first_user: bo
                     .map_or(0, |f| f.as_ptr() as usize - event.content.as_ptr() as usize);
                 let end = s.as_ptr() as usize - event.content.as_ptr() as usize + s.len();
                 let span = &event.content[start..end];
-                let v = if span.chars().count() <= c.max_sentence_chars { span } else { s };
+                let v = if span.chars().count() <= c.max_sentence_chars {
+                    span
+                } else {
+                    s
+                };
                 out.push(Draft::new(RecordType::Goal, v));
             }
             Some(k) => {
@@ -189,11 +203,17 @@ mod tests {
         assert_eq!(
             got,
             [
-                (RecordType::Goal, "The upload retry test is failing on CI. Please fix it.".to_string()),
+                (
+                    RecordType::Goal,
+                    "The upload retry test is failing on CI. Please fix it.".to_string()
+                ),
                 (RecordType::Constraint, "Do not change the API.".to_string()),
             ]
         );
-        let later: Vec<RecordType> = candidates(&p, &c.extract, &e, false).into_iter().map(|d| d.kind).collect();
+        let later: Vec<RecordType> = candidates(&p, &c.extract, &e, false)
+            .into_iter()
+            .map(|d| d.kind)
+            .collect();
         assert_eq!(later, [RecordType::Goal, RecordType::Constraint]);
     }
 
@@ -202,7 +222,12 @@ mod tests {
         let t = "Fix the bug. Do not touch prod!\nP95 still to be tested? yes v1.2 ok";
         assert_eq!(
             sentences(t),
-            ["Fix the bug.", "Do not touch prod!", "P95 still to be tested?", "yes v1.2 ok"]
+            [
+                "Fix the bug.",
+                "Do not touch prod!",
+                "P95 still to be tested?",
+                "yes v1.2 ok"
+            ]
         );
     }
 }

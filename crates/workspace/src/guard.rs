@@ -100,7 +100,10 @@ pub fn check(summary: &str, state: &[Record], events: &[Event]) -> Vec<Flag> {
     let mut last: HashMap<String, (i64, i32)> = HashMap::new();
     for e in events.iter().filter(|e| e.writer == Writer::Tool) {
         if let Some(code) = e.exit_code {
-            last.insert(e.tool.clone().unwrap_or_else(|| "command".into()), (e.id, code));
+            last.insert(
+                e.tool.clone().unwrap_or_else(|| "command".into()),
+                (e.id, code),
+            );
         }
     }
     let failed: Vec<(String, i64)> = last
@@ -146,9 +149,9 @@ pub fn check(summary: &str, state: &[Record], events: &[Event]) -> Vec<Flag> {
                     }
                 }
                 RecordType::OpenIssue => {
-                    let strong = cw.iter().any(|c| {
-                        c.chars().any(|ch| ch.is_ascii_digit()) && shares(&lw, c)
-                    });
+                    let strong = cw
+                        .iter()
+                        .any(|c| c.chars().any(|ch| ch.is_ascii_digit()) && shares(&lw, c));
                     if (strong || shared >= 2)
                         && w.completion.is_match(text)
                         && !w.still_open.is_match(text)

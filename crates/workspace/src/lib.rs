@@ -44,4 +44,6 @@ pub use route::{EventClass, Writer};
 pub use state::{Detail, Draft, Record, RecordType, Status, WriteOutcome};
 pub use summary::{Divergence, Summary, SummaryKind};
 pub use triggers::Trigger;
-pub use workspace::{char_estimate, Compacted, DeletionReport, Ingested, Session, TokenCounter, Workspace};
+pub use workspace::{
+    char_estimate, Compacted, DeletionReport, Ingested, Session, TokenCounter, Workspace,
+};

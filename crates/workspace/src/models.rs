@@ -50,10 +50,7 @@ pub fn history_for(previous: Option<&str>, events: &[Event]) -> History {
         }
         messages.push(m);
     }
-    History {
-        id: None,
-        messages,
-    }
+    History { id: None, messages }
 }
 
 /// The engine's compactor as a summarizer.
@@ -174,7 +171,9 @@ impl<B: Backend> CandidateJudge for ModelJudge<B> {
                 &self.config.negative_labels,
             )
             .r),
-            _ => Err(Error::Summarizer("the judge returned no distribution".into())),
+            _ => Err(Error::Summarizer(
+                "the judge returned no distribution".into(),
+            )),
         }
     }
 }

@@ -222,7 +222,10 @@ pub fn extract_fields(content: &str) -> Fields {
     let p = field_patterns();
     let mut f = Fields::default();
     for c in p.exit.captures_iter(content) {
-        if let Some(code) = (1..=3).find_map(|i| c.get(i)).and_then(|m| m.as_str().parse().ok()) {
+        if let Some(code) = (1..=3)
+            .find_map(|i| c.get(i))
+            .and_then(|m| m.as_str().parse().ok())
+        {
             if !f.exit_codes.contains(&code) {
                 f.exit_codes.push(code);
             }
@@ -237,7 +240,10 @@ pub fn extract_fields(content: &str) -> Fields {
         let line_start = content[..m.start()].rfind('\n').map_or(0, |i| i + 1);
         let line = &content[line_start..];
         if line.starts_with("diff --git") || line.starts_with("+++ ") || line.starts_with("--- ") {
-            s = s.strip_prefix("a/").or_else(|| s.strip_prefix("b/")).unwrap_or(s);
+            s = s
+                .strip_prefix("a/")
+                .or_else(|| s.strip_prefix("b/"))
+                .unwrap_or(s);
         }
         if s.contains('/') || s.contains('.') {
             push_unique(&mut f.paths, s);
@@ -279,7 +285,10 @@ pub fn extract_fields(content: &str) -> Fields {
         // Six-character all-caps/digit codes must mix letters and digits or be all caps
         // (reservation codes), and plain hex must contain a digit and a letter.
         let hexlike = s.chars().all(|c| c.is_ascii_hexdigit());
-        if hexlike && !(s.chars().any(|c| c.is_ascii_digit()) && s.chars().any(|c| c.is_ascii_alphabetic())) {
+        if hexlike
+            && !(s.chars().any(|c| c.is_ascii_digit())
+                && s.chars().any(|c| c.is_ascii_alphabetic()))
+        {
             continue;
         }
         push_unique(&mut f.identifiers, s);
@@ -307,7 +316,11 @@ mod tests {
         let f = extract_fields(text);
         assert_eq!(f.exit_codes, vec![1]);
         assert_eq!(f.test_results, vec!["3 failed", "12 passed"]);
-        assert!(f.paths.contains(&"tests/test_api.py".to_string()), "{:?}", f.paths);
+        assert!(
+            f.paths.contains(&"tests/test_api.py".to_string()),
+            "{:?}",
+            f.paths
+        );
         assert!(f.paths.contains(&"src/app.py".to_string()));
         assert_eq!(
             f.patches,
@@ -321,7 +334,11 @@ mod tests {
         );
         assert!(f.errors[0].contains("AssertionError: 212 > 200"));
         for id in ["MDCLVA", "emma_kim_9957", "3f9a2c1"] {
-            assert!(f.identifiers.contains(&id.to_string()), "{id} in {:?}", f.identifiers);
+            assert!(
+                f.identifiers.contains(&id.to_string()),
+                "{id} in {:?}",
+                f.identifiers
+            );
         }
         for s in f.strings() {
             assert!(text.contains(s), "{s} is not verbatim");
@@ -349,21 +366,46 @@ mod tests {
             let w = writer_of(&p, role, text);
             classify(&p, role, w, tool, text, exit)
         };
-        assert_eq!(c(Role::Tool, Some("pytest"), "ok", Some(0)), EventClass::ToolCall);
         assert_eq!(
-            c(Role::Tool, Some("bash"), "diff --git a/x.py b/x.py\n@@ -1 +1 @@", None),
+            c(Role::Tool, Some("pytest"), "ok", Some(0)),
+            EventClass::ToolCall
+        );
+        assert_eq!(
+            c(
+                Role::Tool,
+                Some("bash"),
+                "diff --git a/x.py b/x.py\n@@ -1 +1 @@",
+                None
+            ),
             EventClass::CodeChange
         );
-        assert_eq!(c(Role::Assistant, Some("str_replace_editor"), "", None), EventClass::CodeChange);
-        assert_eq!(c(Role::User, None, "thanks!", None), EventClass::ChitChat);
-        assert_eq!(c(Role::User, None, &"word ".repeat(1000), None), EventClass::LongDocument);
         assert_eq!(
-            c(Role::User, None, "Please fix the login bug in the API.", None),
+            c(Role::Assistant, Some("str_replace_editor"), "", None),
+            EventClass::CodeChange
+        );
+        assert_eq!(c(Role::User, None, "thanks!", None), EventClass::ChitChat);
+        assert_eq!(
+            c(Role::User, None, &"word ".repeat(1000), None),
+            EventClass::LongDocument
+        );
+        assert_eq!(
+            c(
+                Role::User,
+                None,
+                "Please fix the login bug in the API.",
+                None
+            ),
             EventClass::Discussion
         );
         // A user turn that carries command output is a tool observation.
-        assert_eq!(writer_of(&p, Role::User, "<returncode>1</returncode>"), Writer::Tool);
-        assert_eq!(c(Role::User, None, "<returncode>1</returncode>", None), EventClass::ToolCall);
+        assert_eq!(
+            writer_of(&p, Role::User, "<returncode>1</returncode>"),
+            Writer::Tool
+        );
+        assert_eq!(
+            c(Role::User, None, "<returncode>1</returncode>", None),
+            EventClass::ToolCall
+        );
         assert_eq!(writer_of(&p, Role::System, "policy"), Writer::Owner);
     }
 }

@@ -337,7 +337,10 @@ pub fn view(conn: &Connection, session: &str, branch: &str) -> Result<Vec<Record
         .collect();
     for r in &own {
         if r.status == Status::Valid {
-            for m in out.iter_mut().filter(|m| m.key == r.key && m.status == Status::Valid) {
+            for m in out
+                .iter_mut()
+                .filter(|m| m.key == r.key && m.status == Status::Valid)
+            {
                 m.status = Status::Replaced;
             }
         }
@@ -359,7 +362,12 @@ fn replaced_after(conn: &Connection, r: &Record, base: i64) -> Result<bool> {
 }
 
 /// The valid record of `key` seen from `branch`.
-pub fn current(conn: &Connection, session: &str, branch: &str, key: &str) -> Result<Option<Record>> {
+pub fn current(
+    conn: &Connection,
+    session: &str,
+    branch: &str,
+    key: &str,
+) -> Result<Option<Record>> {
     Ok(view(conn, session, branch)?
         .into_iter()
         .rev()
@@ -429,13 +437,17 @@ pub(crate) fn write(
     draft: &Draft,
     sources: &[Event],
 ) -> Result<WriteOutcome> {
-    let first = sources
-        .first()
-        .ok_or_else(|| Error::InvalidRecord("a record must cite at least one source event".into()))?;
+    let first = sources.first().ok_or_else(|| {
+        Error::InvalidRecord("a record must cite at least one source event".into())
+    })?;
     if draft.value.trim().is_empty() {
-        return Err(Error::InvalidRecord(format!("empty {} value", draft.kind.as_str())));
+        return Err(Error::InvalidRecord(format!(
+            "empty {} value",
+            draft.kind.as_str()
+        )));
     }
-    if draft.kind == RecordType::EvidenceRef && draft.value.chars().count() > EVIDENCE_REF_MAX_CHARS {
+    if draft.kind == RecordType::EvidenceRef && draft.value.chars().count() > EVIDENCE_REF_MAX_CHARS
+    {
         return Err(Error::InvalidRecord(format!(
             "an evidence_ref keeps the reference, not a copy: {} characters (most {EVIDENCE_REF_MAX_CHARS})",
             draft.value.chars().count()
@@ -443,7 +455,11 @@ pub(crate) fn write(
     }
     // The writer is the least authoritative of the cited events: citing a user message
     // beside a tool output does not launder the tool's text into a rule.
-    let writer = sources.iter().map(|e| e.writer).min().unwrap_or(first.writer);
+    let writer = sources
+        .iter()
+        .map(|e| e.writer)
+        .min()
+        .unwrap_or(first.writer);
     let ids: Vec<i64> = sources.iter().map(|e| e.id).collect();
     let key = draft.field_key();
     let cur = current(conn, session, branch, &key)?;
@@ -564,7 +580,11 @@ pub fn render(r: &Record) -> String {
         r.version,
         r.writer.as_str(),
         srcs.join(","),
-        if r.source_deleted { " (source deleted)" } else { "" },
+        if r.source_deleted {
+            " (source deleted)"
+        } else {
+            ""
+        },
         r.value
     );
     if let Some(why) = &r.detail.rationale {

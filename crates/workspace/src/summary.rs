@@ -145,8 +145,8 @@ impl FlagRow {
 }
 
 fn sources_of(conn: &Connection, id: i64) -> Result<Vec<i64>> {
-    let mut st =
-        conn.prepare("SELECT event_id FROM summary_sources WHERE summary_id = ?1 ORDER BY event_id")?;
+    let mut st = conn
+        .prepare("SELECT event_id FROM summary_sources WHERE summary_id = ?1 ORDER BY event_id")?;
     let rows = st.query_map([id], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
@@ -214,7 +214,8 @@ pub(crate) fn insert(conn: &Connection, session: &str, s: &NewSummary<'_>) -> Re
         ],
     )?;
     let id = conn.last_insert_rowid();
-    let mut st = conn.prepare("INSERT INTO summary_sources (summary_id, event_id) VALUES (?1, ?2)")?;
+    let mut st =
+        conn.prepare("INSERT INTO summary_sources (summary_id, event_id) VALUES (?1, ?2)")?;
     for e in s.sources {
         st.execute(params![id, e])?;
     }
@@ -225,7 +226,8 @@ pub(crate) fn insert(conn: &Connection, session: &str, s: &NewSummary<'_>) -> Re
 pub(crate) fn delete_derived_from(conn: &Connection, events: &[i64]) -> Result<Vec<i64>> {
     let mut ids: Vec<i64> = Vec::new();
     {
-        let mut st = conn.prepare("SELECT DISTINCT summary_id FROM summary_sources WHERE event_id = ?1")?;
+        let mut st =
+            conn.prepare("SELECT DISTINCT summary_id FROM summary_sources WHERE event_id = ?1")?;
         for e in events {
             for id in st.query_map([e], |r| r.get::<_, i64>(0))? {
                 let id = id?;
@@ -268,7 +270,9 @@ pub fn fact_tokens(text: &str) -> Vec<String> {
         let facty = w.chars().any(|c| c.is_ascii_digit())
             || w.contains('_')
             || w.contains('/')
-            || (w.len() >= 4 && w.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit()));
+            || (w.len() >= 4
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit()));
         if facty && w.len() >= 2 && !out.iter().any(|x| x == w) {
             out.push(w.to_string());
         }

@@ -89,13 +89,21 @@ pub fn check(
         }
         if c.high_value {
             let test_like = e.writer == Writer::Tool
-                && (e.tool.as_deref().is_some_and(|t| p.test_command.is_match(t))
+                && (e
+                    .tool
+                    .as_deref()
+                    .is_some_and(|t| p.test_command.is_match(t))
                     || p.test_command.is_match(&e.content)
                     || !e.fields.test_results.is_empty());
             if test_like && (e.exit_code.is_some() || !e.fields.test_results.is_empty()) {
                 out.push(Trigger::HighValue {
                     event: e.id,
-                    reason: format!("test result{}", e.exit_code.map(|c| format!(" (exit {c})")).unwrap_or_default()),
+                    reason: format!(
+                        "test result{}",
+                        e.exit_code
+                            .map(|c| format!(" (exit {c})"))
+                            .unwrap_or_default()
+                    ),
                 });
             }
         }
@@ -109,7 +117,10 @@ pub fn check(
                 let inter = now.intersection(&before).count() as f64;
                 let overlap = inter / now.union(&before).count().max(1) as f64;
                 if overlap < c.topic_switch {
-                    out.push(Trigger::TopicSwitch { event: e.id, overlap });
+                    out.push(Trigger::TopicSwitch {
+                        event: e.id,
+                        overlap,
+                    });
                 }
             }
         }
@@ -126,7 +137,9 @@ pub fn check(
             });
         }
         if c.phase_completion && r.kind == RecordType::Done && r.key.starts_with("open_issue:") {
-            out.push(Trigger::PhaseCompletion { event: r.sources[0] });
+            out.push(Trigger::PhaseCompletion {
+                event: r.sources[0],
+            });
         }
     }
     out

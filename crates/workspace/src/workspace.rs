@@ -156,9 +156,11 @@ impl Workspace {
 
     /// An existing session.
     pub fn existing(&self, id: &str) -> Result<Session<'_>> {
-        let n: i64 = self
-            .db()?
-            .query_row("SELECT COUNT(*) FROM sessions WHERE id = ?1", [id], |r| r.get(0))?;
+        let n: i64 =
+            self.db()?
+                .query_row("SELECT COUNT(*) FROM sessions WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })?;
         if n == 0 {
             return Err(Error::UnknownSession(id.into()));
         }
@@ -250,13 +252,22 @@ impl<'w> Session<'w> {
             if is_first {
                 first_user = false;
             }
-            for d in candidates(&self.ws.patterns, &self.ws.config.extract, &a.event, is_first) {
+            for d in candidates(
+                &self.ws.patterns,
+                &self.ws.config.extract,
+                &a.event,
+                is_first,
+            ) {
                 if let Some((j, eta)) = judge {
                     if d.kind != state::RecordType::EvidenceRef {
                         let r = j.judge(&a.event, &d)?;
                         if r < eta {
-                            out.rejected
-                                .push((a.event.id, d.kind.as_str().into(), d.value.clone(), r));
+                            out.rejected.push((
+                                a.event.id,
+                                d.kind.as_str().into(),
+                                d.value.clone(),
+                                r,
+                            ));
                             continue;
                         }
                     }
@@ -367,7 +378,9 @@ impl<'w> Session<'w> {
     }
 
     fn classification(&self, events: &[Event]) -> Result<String> {
-        let untrusted = events.iter().any(|e| matches!(e.writer, Writer::Tool | Writer::Assistant));
+        let untrusted = events
+            .iter()
+            .any(|e| matches!(e.writer, Writer::Tool | Writer::Assistant));
         let redacted: Vec<i64> = {
             let r = self.redactions()?;
             let mut v: Vec<i64> = r
@@ -408,12 +421,16 @@ impl<'w> Session<'w> {
         sources.extend(covered.iter().map(|e| e.id));
         sources.sort_unstable();
         sources.dedup();
-        let src_events: Vec<Event> = all.into_iter().filter(|e| sources.contains(&e.id)).collect();
+        let src_events: Vec<Event> = all
+            .into_iter()
+            .filter(|e| sources.contains(&e.id))
+            .collect();
         let provenance = format!(
             "by {} from events {}{}",
             s.name(),
             event::id_ranges(&sources),
-            base.map(|b| format!(", continuing summary {}", b.id)).unwrap_or_default()
+            base.map(|b| format!(", continuing summary {}", b.id))
+                .unwrap_or_default()
         );
         let classification = self.classification(&src_events)?;
         let upto = sources.last().copied().unwrap_or(0);
@@ -597,12 +614,20 @@ impl<'w> Session<'w> {
     /// Deletes one event: from the log, the index, the caches and every summary derived from
     /// it (dropped; rebuilt from the remaining log when `rebuild` is given); records citing
     /// it are marked.
-    pub fn delete_event(&self, id: i64, rebuild: Option<&dyn Summarizer>) -> Result<DeletionReport> {
+    pub fn delete_event(
+        &self,
+        id: i64,
+        rebuild: Option<&dyn Summarizer>,
+    ) -> Result<DeletionReport> {
         self.event(id)?;
         self.delete_events(&[id], rebuild)
     }
 
-    fn delete_events(&self, ids: &[i64], rebuild: Option<&dyn Summarizer>) -> Result<DeletionReport> {
+    fn delete_events(
+        &self,
+        ids: &[i64],
+        rebuild: Option<&dyn Summarizer>,
+    ) -> Result<DeletionReport> {
         let mut report = DeletionReport {
             events: ids.to_vec(),
             ..DeletionReport::default()
@@ -613,7 +638,10 @@ impl<'w> Session<'w> {
             report.summaries_dropped = summary::delete_derived_from(&tx, ids)?;
             for r in state::on_branch_all(&tx, &self.id)? {
                 if r.sources.iter().any(|s| ids.contains(s)) {
-                    tx.execute("UPDATE records SET source_deleted = 1 WHERE id = ?1", [r.id])?;
+                    tx.execute(
+                        "UPDATE records SET source_deleted = 1 WHERE id = ?1",
+                        [r.id],
+                    )?;
                     report.records_marked.push(r.id);
                 }
             }
