@@ -119,6 +119,30 @@ impl Default for CompactionConfig {
     }
 }
 
+/// Overlays a settings table on the defaults: top-level keys replace theirs, tables are
+/// merged key by key. Returns the keys `over` set (`key` or `section.key`).
+pub fn merge_sections(base: &mut toml::Table, over: toml::Table) -> Vec<String> {
+    let mut explicit = Vec::new();
+    for (k, v) in over {
+        match v {
+            toml::Value::Table(t) => {
+                explicit.extend(t.keys().map(|s| format!("{k}.{s}")));
+                match base.get_mut(&k) {
+                    Some(toml::Value::Table(b)) => b.extend(t),
+                    _ => {
+                        base.insert(k, toml::Value::Table(t));
+                    }
+                }
+            }
+            v => {
+                explicit.push(k.clone());
+                base.insert(k, v);
+            }
+        }
+    }
+    explicit
+}
+
 fn config_err(origin: &str, reason: impl Into<String>) -> Error {
     Error::Config {
         origin: origin.to_string(),
@@ -148,21 +172,7 @@ impl CompactionConfig {
             toml::from_str(DEFAULT_CONFIG).map_err(|e| config_err("built-in", e.to_string()))?;
         let over: toml::Table =
             toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
-        let mut explicit = Vec::new();
-        for (k, v) in &over {
-            match v {
-                toml::Value::Table(t) => explicit.extend(t.keys().map(|s| format!("{k}.{s}"))),
-                _ => explicit.push(k.clone()),
-            }
-        }
-        for (k, v) in over {
-            match (base.get_mut(&k), v) {
-                (Some(toml::Value::Table(b)), toml::Value::Table(o)) => b.extend(o),
-                (_, v) => {
-                    base.insert(k, v);
-                }
-            }
-        }
+        let explicit = merge_sections(&mut base, over);
         let mut c: Self = toml::Value::Table(base)
             .try_into()
             .map_err(|e: toml::de::Error| config_err(origin, e.to_string()))?;

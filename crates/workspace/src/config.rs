@@ -175,14 +175,7 @@ impl WorkspaceConfig {
             toml::from_str(DEFAULT_CONFIG).map_err(|e| config_err("built-in", e.to_string()))?;
         let over: toml::Table =
             toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
-        for (k, v) in over {
-            match (base.get_mut(&k), v) {
-                (Some(toml::Value::Table(b)), toml::Value::Table(o)) => b.extend(o),
-                (_, v) => {
-                    base.insert(k, v);
-                }
-            }
-        }
+        speccompact_engine::config::merge_sections(&mut base, over);
         let c: Self = toml::Value::Table(base)
             .try_into()
             .map_err(|e: toml::de::Error| config_err(origin, e.to_string()))?;

@@ -490,20 +490,12 @@ pub(crate) fn write(
         if let Some(p) = pending_exists {
             return Ok(WriteOutcome::Pending(p));
         }
-        let r = insert(
-            conn,
-            session,
-            branch,
-            &key,
-            draft,
-            &ids,
-            writer,
-            first.time_ms,
-            version,
-            Status::PendingConfirmation,
-        )?;
-        return Ok(WriteOutcome::Pending(r));
     }
+    let status = if allowed {
+        Status::Valid
+    } else {
+        Status::PendingConfirmation
+    };
     let r = insert(
         conn,
         session,
@@ -514,8 +506,11 @@ pub(crate) fn write(
         writer,
         first.time_ms,
         version,
-        Status::Valid,
+        status,
     )?;
+    if !allowed {
+        return Ok(WriteOutcome::Pending(r));
+    }
     if let Some(c) = cur {
         if c.branch == branch {
             set_status(conn, c.id, Status::Replaced)?;
