@@ -102,6 +102,71 @@ enum Cmd {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Evaluate what each method's compacted context keeps: probes, answers to questions,
+    /// next-step agreement, unsourced assertions, slot adequacy and sizes, with bootstrap
+    /// intervals; optionally drift over recursive generations.
+    Eval {
+        /// JSONL file of evaluation sessions (`messages`, `probes`, `continuation`).
+        #[arg(long)]
+        data: PathBuf,
+        /// Methods, comma-separated (speculative, sequential, target-self, drafter-only,
+        /// truncate-tail, full).
+        #[arg(
+            long,
+            default_value = "speculative,sequential,target-self,drafter-only,truncate-tail,full"
+        )]
+        methods: String,
+        /// Only these session ids, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        ids: Vec<String>,
+        /// Leave out the sessions of this file (and the sessions they were cut from).
+        #[arg(long)]
+        exclude: Option<PathBuf>,
+        /// Shortest sessions first (by characters) instead of file order.
+        #[arg(long)]
+        shortest: bool,
+        /// Only sessions with identifier, file or question probes.
+        #[arg(long)]
+        with_probes: bool,
+        /// At most N sessions.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// `truncate-tail` budget: `matched` (the speculative summary's size) or tokens.
+        #[arg(long, default_value = "matched")]
+        tail_budget: String,
+        /// Skip the reader (question probes).
+        #[arg(long)]
+        no_reader: bool,
+        /// Skip the next-step and slot-adequacy judges.
+        #[arg(long)]
+        no_judges: bool,
+        /// Drift stress on the N longest selected sessions.
+        #[arg(long, default_value_t = 0)]
+        drift: usize,
+        /// Drift generations.
+        #[arg(long, default_value_t = 10)]
+        drift_generations: usize,
+        /// Messages per drift generation (default: spread evenly over the generations).
+        #[arg(long)]
+        drift_every: Option<usize>,
+        /// Method of the drift chains.
+        #[arg(long, default_value = "speculative")]
+        drift_method: String,
+        /// Evaluation settings (see configs/eval.toml); keys given replace the built-in ones.
+        #[arg(long)]
+        eval_config: Option<PathBuf>,
+        /// Markdown report (written atomically; also printed).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// JSON report with every session × method.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Plots: PREFIX-probes.svg and PREFIX-qa-delta.svg (default: beside --out).
+        #[arg(long)]
+        plots: Option<PathBuf>,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Append a history to a workspace session: events are redacted, classified, indexed,
     /// and their state candidates written under the write rules.
     Ingest {
@@ -621,6 +686,7 @@ fn main() -> Result<()> {
                 write_atomic(p, &(serde_json::to_string_pretty(&report)? + "\n"))?;
             }
         }
+        Cmd::Eval { .. } => run_eval(&cli, &store)?,
         Cmd::Generate { model, prompt, max_tokens, raw } => {
             let settings = runtime_settings(&cli)?;
             let device = parse_device(&settings.device)?;
@@ -899,6 +965,182 @@ fn calibrate_cmd(
         cal.models.insert(target.to_string(), e);
         write_atomic(out, &cal.to_toml()?)?;
         eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// The source revision, when run from a git checkout (`-dirty` with local changes).
+fn revision() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(r)
+            if git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty()) =>
+        {
+            format!("{r}-dirty")
+        }
+        Some(r) => r,
+        None => "unknown".into(),
+    }
+}
+
+/// `speccompact eval`.
+fn run_eval(cli: &Cli, store: &Store) -> Result<()> {
+    use speccompact_eval::{self as ev, EvalMethod};
+    let Cmd::Eval {
+        data,
+        methods,
+        ids,
+        exclude,
+        shortest,
+        with_probes,
+        limit,
+        tail_budget,
+        no_reader,
+        no_judges,
+        drift,
+        drift_generations,
+        drift_every,
+        drift_method,
+        eval_config,
+        out,
+        json,
+        plots,
+        engine,
+    } = &cli.cmd
+    else {
+        unreachable!("run_eval is only called for eval")
+    };
+    let methods = EvalMethod::parse_list(methods)?;
+    let tail_budget: ev::TailBudget = tail_budget.parse()?;
+    let drift_method: Method = drift_method.parse()?;
+    let prompts = match eval_config {
+        Some(p) => ev::EvalPrompts::overlay(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            &p.display().to_string(),
+        )?,
+        None => ev::EvalPrompts::default(),
+    };
+    let selection = ev::Selection {
+        ids: ids.clone(),
+        exclude: match exclude {
+            Some(p) => ev::load_sessions(p)?.into_iter().map(|s| s.id).collect(),
+            None => Vec::new(),
+        },
+        with_probes: *with_probes,
+        shortest: *shortest,
+        limit: *limit,
+    };
+    let sessions = selection
+        .apply(ev::load_sessions(data)?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?;
+    if sessions.is_empty() {
+        bail!("{}: the selection leaves no session", data.display());
+    }
+    let checksum = ev::sha256_file(data)?;
+    let c = compactor(cli, store, engine)?;
+    let settings = runtime_settings(cli)?;
+    let opts = ev::EvalOptions {
+        methods: methods.clone(),
+        tail_budget,
+        reader: !no_reader,
+        judges: !no_judges,
+        prompts: prompts.clone(),
+    };
+    let bar = ProgressBar::new(sessions.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} sessions {msg} [{elapsed}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let t0 = Instant::now();
+    let mut last = 0;
+    let results = ev::evaluate(&c, &sessions, &opts, &mut |i, step| {
+        if i != last {
+            bar.set_position(i as u64);
+            last = i;
+        }
+        bar.set_message(format!("{} {step}", sessions[i].id));
+        tracing::info!(session = sessions[i].id.as_str(), step, "eval step");
+    })?;
+    bar.finish_and_clear();
+    let mut drifts = Vec::new();
+    if *drift > 0 {
+        let mut longest: Vec<&ev::EvalSession> = sessions.iter().collect();
+        longest.sort_by_key(|s| std::cmp::Reverse(s.history.messages.len()));
+        for s in longest.into_iter().take(*drift) {
+            let b = ProgressBar::new(*drift_generations as u64);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} drift generations {msg} [{elapsed}]",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b.set_message(s.id.clone());
+            drifts.push(ev::drift_stress(
+                &c,
+                s,
+                drift_method,
+                *drift_generations,
+                *drift_every,
+                &mut |g| b.set_position(g as u64 - 1),
+            )?);
+            b.finish_and_clear();
+        }
+    }
+    let model = |name: &str| match store.path(name) {
+        Ok(p) if p.exists() => format!("{name} ({})", p.display()),
+        _ => name.to_string(),
+    };
+    let provenance = ev::Provenance {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        data: data.display().to_string(),
+        data_sha256: checksum,
+        selection: selection.describe(sessions.len()),
+        drafter: model(&c.config().drafter),
+        target: model(&c.config().target),
+        compaction_config: toml::to_string(c.config()).unwrap_or_default(),
+        eval_config: toml::to_string(&prompts).unwrap_or_default(),
+        tail_budget: tail_budget.to_string(),
+        revision: revision(),
+        runtime: format!(
+            "device {}, {} threads, eta {}, {:.0} s in all",
+            settings.device,
+            settings.threads,
+            c.config().eta,
+            t0.elapsed().as_secs_f64()
+        ),
+    };
+    let report = ev::Report::new(
+        provenance,
+        methods,
+        results,
+        drifts,
+        prompts.bootstrap_iterations,
+        prompts.seed,
+    );
+    let md = report.markdown();
+    print!("{md}");
+    if let Some(p) = out {
+        write_atomic(p, &md)?;
+    }
+    if let Some(p) = json {
+        write_atomic(p, &(serde_json::to_string_pretty(&report)? + "\n"))?;
+    }
+    let prefix = plots
+        .clone()
+        .or_else(|| out.as_ref().map(|o| o.with_extension("")));
+    if let Some(prefix) = prefix {
+        for (name, svg) in report.plots() {
+            let p = PathBuf::from(format!("{}-{name}.svg", prefix.display()));
+            write_atomic(&p, &svg)?;
+        }
     }
     Ok(())
 }
