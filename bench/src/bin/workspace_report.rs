@@ -6,7 +6,6 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use speccompact_engine::{CompactionConfig, Compactor, Method};
-use speccompact_history::parse_sessions;
 use speccompact_runtime::{set_threads, RuntimeSettings};
 use speccompact_store::Store;
 use speccompact_workspace::{
@@ -57,14 +56,7 @@ struct Args {
 fn main() -> Result<()> {
     let args = Args::parse();
     set_threads(args.threads)?;
-    let text = std::fs::read_to_string(&args.data)
-        .with_context(|| format!("reading {}", args.data.display()))?;
-    let raw: Vec<serde_json::Value> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(serde_json::from_str)
-        .collect::<std::result::Result<_, _>>()?;
-    let sessions = parse_sessions(&text)?;
+    let sessions = speccompact_eval::load_sessions(&args.data)?;
     let store = Store::open_default()?;
     let cfg = CompactionConfig {
         drafter: args.drafter.clone(),
@@ -97,8 +89,9 @@ fn main() -> Result<()> {
     )?;
     let mut rows = Vec::new();
     let (mut tot_p, mut tot_s, mut tot_a) = (0usize, 0usize, 0usize);
-    for (h, raw) in sessions.iter().zip(&raw) {
-        let id = h.id.clone().unwrap_or_default();
+    for es in &sessions {
+        let h = &es.history;
+        let id = es.id.clone();
         let t0 = Instant::now();
         let judge = Arc::new(ModelJudge::new(target.clone(), cfg.clone()));
         let cb = counter_backend.clone();
@@ -124,28 +117,11 @@ fn main() -> Result<()> {
             .iter()
             .filter(|r| r.status == Status::PendingConfirmation)
             .count();
-        let probes: Vec<Vec<String>> = raw["probes"]
-            .as_array()
-            .map(|ps| {
-                ps.iter()
-                    .filter(|p| matches!(p["kind"].as_str(), Some("identifier" | "file")))
-                    .map(|p| {
-                        p["expect_any"]
-                            .as_array()
-                            .map(|v| {
-                                v.iter()
-                                    .filter_map(|x| x.as_str().map(str::to_string))
-                                    .collect()
-                            })
-                            .unwrap_or_default()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let probes: Vec<&speccompact_eval::Probe> = es.presence_probes().collect();
         let hit = |text: &str| {
-            probes
+            speccompact_eval::metrics::probe_hits(&probes, text, None)
                 .iter()
-                .filter(|any| any.iter().any(|x| text.contains(x.as_str())))
+                .filter(|h| h.found)
                 .count()
         };
         let in_summary = hit(&compacted.summary.text);

@@ -750,26 +750,19 @@ fn calibrate_cmd(
         None => builtin_variants()?,
     };
     // Sessions: the first file whole, then the shortest tool-use / coding sessions.
-    let mut picked: Vec<(History, serde_json::Value)> = Vec::new();
+    let mut picked: Vec<speccompact_eval::EvalSession> = Vec::new();
     for (fi, f) in data.iter().enumerate() {
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
-        let hs = parse_sessions(&text).with_context(|| format!("parsing {f}"))?;
-        let raws: Vec<serde_json::Value> = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(serde_json::from_str)
-            .collect::<std::result::Result<_, _>>()?;
-        let mut both: Vec<(History, serde_json::Value)> = hs.into_iter().zip(raws).collect();
+        let mut all = speccompact_eval::load_sessions(std::path::Path::new(f))?;
         if fi > 0 {
-            both.retain(|(h, r)| {
-                matches!(r["kind"].as_str(), Some("tool-use" | "coding"))
-                    && !picked.iter().any(|(p, _)| p.id == h.id)
+            all.retain(|s| {
+                matches!(s.kind.as_str(), "tool-use" | "coding")
+                    && !picked.iter().any(|p| p.id == s.id)
             });
-            both.sort_by_key(|(_, r)| r["stats"]["chars"].as_u64().unwrap_or(u64::MAX));
+            all.sort_by_key(|s| s.chars);
         }
-        for b in both {
+        for s in all {
             if picked.len() < n_sessions {
-                picked.push(b);
+                picked.push(s);
             }
         }
     }
@@ -799,27 +792,22 @@ fn calibrate_cmd(
     let c = Compactor::load(cfg.clone(), &settings, store, &mut cb)?;
     bar.finish_and_clear();
     let mut sources = Vec::new();
-    for (h, raw) in &picked {
-        let (transcript, _) = c.transcript(h, Method::Sequential)?;
-        let probes = raw["probes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| matches!(p["kind"].as_str(), Some("identifier" | "file")))
+    for es in &picked {
+        let (transcript, _) = c.transcript(&es.history, Method::Sequential)?;
+        let probes = es
+            .presence_probes()
             .flat_map(|p| {
-                let slot = p["slot"]
-                    .as_str()
-                    .filter(|s| *s != "any")
-                    .unwrap_or("critical_context")
-                    .to_string();
-                p["expect_any"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(move |x| x.as_str().map(|s| (s.to_string(), slot.clone())))
+                let slot = if p.slot == "any" {
+                    "critical_context"
+                } else {
+                    p.slot.as_str()
+                };
+                p.expect_any
+                    .iter()
+                    .map(move |x| (x.clone(), slot.to_string()))
             })
             .collect();
-        let id = h.id.clone().unwrap_or_default();
+        let id = es.id.clone();
         sources.push(SessionSource {
             summary: written.get(&id).cloned().unwrap_or_default(),
             id,
@@ -855,8 +843,9 @@ fn calibrate_cmd(
     );
     let mut scores: Vec<Vec<f32>> = vec![Vec::new(); set.len()];
     let t0 = Instant::now();
-    for (h, _) in &picked {
-        let id = h.id.clone().unwrap_or_default();
+    for es in &picked {
+        let h = &es.history;
+        let id = es.id.clone();
         bar.set_message(id.clone());
         let idx: Vec<usize> = (0..set.len()).filter(|&i| set[i].session == id).collect();
         let lines: Vec<&Labelled> = idx.iter().map(|&i| &set[i]).collect();

@@ -41,13 +41,15 @@ pub struct DriftReport {
     pub session: String,
     /// Method used for both chains.
     pub method: Method,
-    /// Messages per generation.
+    /// Messages per generation (at most; spread evenly unless fixed).
     pub every: usize,
     /// Generations in order.
     pub generations: Vec<DriftGeneration>,
 }
 
-/// Runs `generations` generations on `s`, K = `every` or the messages spread evenly.
+/// Runs `generations` generations on `s`: every `every` messages, or at evenly spread
+/// points ending with the last message (fewer generations only when the session has fewer
+/// messages than generations).
 pub fn drift_stress<B: Backend + 'static>(
     c: &Compactor<B>,
     s: &EvalSession,
@@ -57,9 +59,13 @@ pub fn drift_stress<B: Backend + 'static>(
     progress: &mut dyn FnMut(usize),
 ) -> Result<DriftReport> {
     let n = s.history.messages.len();
-    let k = every
-        .unwrap_or_else(|| n.div_ceil(generations.max(1)))
-        .max(1);
+    let gens = generations.max(1);
+    let k = every.unwrap_or_else(|| n.div_ceil(gens)).max(1);
+    // Without a fixed K the generations end at evenly spread points, the last at the end.
+    let end_of = |g: usize| match every {
+        Some(_) => (g * k).min(n),
+        None => (g * n).div_ceil(gens),
+    };
     let probes: Vec<&crate::Probe> = s.presence_probes().collect();
     let mut out = Vec::new();
     let mut previous: Option<String> = None;
@@ -68,7 +74,7 @@ pub fn drift_stress<B: Backend + 'static>(
     // for the next one).
     let mut chain_from = 0;
     for g in 1..=generations {
-        let end = (g * k).min(n);
+        let end = end_of(g);
         if end == prev_end {
             break;
         }

@@ -50,6 +50,8 @@ pub struct TinyModel {
     pub shards: usize,
     /// Seed of the weights.
     pub seed: u64,
+    /// Context length written to the metadata.
+    pub context: usize,
 }
 
 impl TinyModel {
@@ -71,6 +73,7 @@ impl TinyModel {
             st_dtype: DType::F32,
             shards: 1,
             seed: 7,
+            context: 4096,
         }
     }
 
@@ -271,7 +274,7 @@ impl TinyModel {
             (format!("{p}.attention.head_count_kv"), u(self.kv_heads)),
             (format!("{p}.attention.key_length"), u(hd)),
             (format!("{p}.attention.value_length"), u(hd)),
-            (format!("{p}.context_length"), u(4096)),
+            (format!("{p}.context_length"), u(self.context)),
             (format!("{p}.rope.dimension_count"), u(hd)),
             (format!("{p}.rope.freq_base"), Value::F32(10_000.0)),
             (
@@ -336,7 +339,7 @@ impl TinyModel {
             "num_key_value_heads": self.kv_heads,
             "head_dim": self.hd(),
             "vocab_size": tokens.len(),
-            "max_position_embeddings": 4096,
+            "max_position_embeddings": self.context,
             "rms_norm_eps": 1e-6,
             "rope_theta": 10000.0,
             "rope_local_base_freq": 1000.0,
