@@ -1,4 +1,5 @@
-//! Helpers for the workspace-level tests: locating real models in the store's cache.
+//! Helpers for the workspace-level tests: locating real models in the store's cache, and
+//! tiny random-weight model backends.
 //!
 //! Real-model tests need the models fetched (`speccompact models fetch NAME`). With
 //! `SPECCOMPACT_REQUIRE_MODELS=1` (as in CI) a missing model fails the test; otherwise the
@@ -46,4 +47,25 @@ pub fn rel_l2(a: &Tensor, b: &Tensor) -> candle_core::Result<f32> {
     let num = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()?;
     let den = a.sqr()?.sum_all()?.to_scalar::<f32>()?;
     Ok((num / den).sqrt())
+}
+
+/// A backend over a tiny random-weight model of `arch`, written into `dir`.
+pub fn tiny_backend(
+    arch: speccompact_runtime::Architecture,
+    seed: u64,
+    dir: &std::path::Path,
+    prefill_chunk: usize,
+) -> speccompact_engine::ModelBackend {
+    use speccompact_runtime::{synthetic::TinyModel, LoadOptions, Model};
+    let mut t = TinyModel::new(arch);
+    t.seed = seed;
+    let path = dir.join(format!("{arch:?}-{seed}.gguf"));
+    t.write(&path).expect("write tiny model");
+    let m = Model::load(&path, &Device::Cpu, LoadOptions::default()).expect("load tiny model");
+    speccompact_engine::ModelBackend::new(
+        &format!("tiny-{arch:?}"),
+        std::sync::Arc::new(m),
+        prefill_chunk,
+    )
+    .expect("tiny backend")
 }

@@ -8,18 +8,12 @@ use speccompact_engine::{
     RequestKind, Response,
 };
 use speccompact_history::{parse_sessions, parse_value, History};
-use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{Architecture, LoadOptions, Model};
 use speccompact_tests::real_model;
 use std::sync::Arc;
 
 fn tiny(arch: Architecture, seed: u64, dir: &std::path::Path) -> ModelBackend {
-    let mut t = TinyModel::new(arch);
-    t.seed = seed;
-    let path = dir.join(format!("{arch:?}-{seed}.gguf"));
-    t.write(&path).unwrap();
-    let m = Model::load(&path, &Device::Cpu, LoadOptions::default()).unwrap();
-    ModelBackend::new(&format!("tiny-{arch:?}"), Arc::new(m), 64).unwrap()
+    speccompact_tests::tiny_backend(arch, seed, dir, 64)
 }
 
 fn short_history() -> History {

@@ -2,23 +2,15 @@
 //! `../shared/evaldata`: every method, every metric, the report with its plots, and a drift
 //! stress of ten generations.
 
-use candle_core::Device;
 use speccompact_engine::{CompactionConfig, Compactor, Method, ModelBackend, Overflow};
 use speccompact_eval::{
     drift_stress, evaluate, load_sessions, sha256_file, EvalMethod, EvalOptions, EvalPrompts,
     Provenance, Report, TailBudget,
 };
-use speccompact_runtime::synthetic::TinyModel;
-use speccompact_runtime::{Architecture, LoadOptions, Model};
-use std::sync::Arc;
+use speccompact_runtime::Architecture;
 
 fn tiny(arch: Architecture, seed: u64, dir: &std::path::Path) -> ModelBackend {
-    let mut t = TinyModel::new(arch);
-    t.seed = seed;
-    let path = dir.join(format!("{arch:?}-{seed}.gguf"));
-    t.write(&path).unwrap();
-    let m = Model::load(&path, &Device::Cpu, LoadOptions::default()).unwrap();
-    ModelBackend::new(&format!("tiny-{arch:?}"), Arc::new(m), 256).unwrap()
+    speccompact_tests::tiny_backend(arch, seed, dir, 256)
 }
 
 #[test]

@@ -110,6 +110,34 @@ pub struct MethodResult {
     pub wall_ms: f64,
 }
 
+impl MethodResult {
+    /// A method that failed on a session: the error, no metrics.
+    pub fn failed(method: EvalMethod, error: String, context: String, wall_ms: f64) -> Self {
+        Self {
+            method,
+            error: Some(error),
+            context,
+            tokens_out: 0,
+            compression: 0.0,
+            probes: Vec::new(),
+            probe_rate: None,
+            in_slot_rate: None,
+            qa: Vec::new(),
+            qa_score: None,
+            qa_delta: None,
+            next_step_r: None,
+            next_step_agree: None,
+            assertions: 0,
+            unsourced: Vec::new(),
+            adequacy: Vec::new(),
+            adequacy_mean: None,
+            lost: Vec::new(),
+            trace: None,
+            wall_ms,
+        }
+    }
+}
+
 /// Every method on one session.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionResult {
@@ -347,28 +375,7 @@ pub fn evaluate<B: Backend + 'static>(
                 EvalMethod::Full => (transcript.clone(), None, None, 0.0, None),
             };
             if let Some(e) = err {
-                methods.push(MethodResult {
-                    method: m,
-                    error: Some(e),
-                    context,
-                    tokens_out: 0,
-                    compression: 0.0,
-                    probes: Vec::new(),
-                    probe_rate: None,
-                    in_slot_rate: None,
-                    qa: Vec::new(),
-                    qa_score: None,
-                    qa_delta: None,
-                    next_step_r: None,
-                    next_step_agree: None,
-                    assertions: 0,
-                    unsourced: Vec::new(),
-                    adequacy: Vec::new(),
-                    adequacy_mean: None,
-                    lost: Vec::new(),
-                    trace: None,
-                    wall_ms: wall,
-                });
+                methods.push(MethodResult::failed(m, e, context, wall));
                 continue;
             }
             let tokens_out = count(&context)?;
