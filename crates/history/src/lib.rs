@@ -1,15 +1,22 @@
 //! Agent histories: the message model, parsers for OpenAI chat messages, Anthropic messages
 //! (content blocks with `tool_use` / `tool_result`) and JSONL of either (one message or one
-//! session with `messages` per line), and the one transcript rendering every method uses.
+//! session with `messages` per line), the one transcript rendering every method uses, the
+//! verbatim extraction of high-risk fields, and slot-conditioned views of a history.
 //!
-//! Pipeline stages, one module each: `parse` (text -> [`History`]) and `render`
-//! ([`History`] -> transcript text).
+//! One module each: `parse` (text -> [`History`]), `render` ([`History`] -> transcript text,
+//! with explicit markers for left-out messages), `fields` (exit codes, test results, paths,
+//! patch hunks, errors and identifiers of a text) and `view` (per-slot message ranking and a
+//! budgeted transcript of head, tail and the messages that matter most for one slot).
 
+mod fields;
 mod parse;
 mod render;
+mod view;
 
+pub use fields::{exit_code_of, extract_fields, Fields, PatchCoord};
 pub use parse::{parse_history, parse_sessions, parse_value};
-pub use render::{render, RenderOptions};
+pub use render::{render, render_kept, RenderOptions};
+pub use view::{rank, slot_view, View, ViewOptions};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
