@@ -66,7 +66,8 @@ fn check_consistent(c: &Compaction, cfg: &CompactionConfig) {
                 t.lines_accepted + t.lines_rejected + t.lines_failed_checks <= t.lines_proposed
             );
             assert_eq!(t.lines_accepted, kept(Origin::Draft) + kept(Origin::Auto));
-            assert_eq!(t.lines_repaired, kept(Origin::Repair));
+            assert_eq!(t.lines_repaired + t.whole_slot_lines, kept(Origin::Repair));
+            assert!(t.whole_slot_calls <= c.slots.len());
             // Judged lines: kept drafts + rejected ones + at most one accepted line per slot
             // that a cap then kept out.
             let judged = kept(Origin::Draft) + t.lines_rejected;
@@ -75,7 +76,7 @@ fn check_consistent(c: &Compaction, cfg: &CompactionConfig) {
                 "{} judgments for {judged} judged lines",
                 t.verify_calls
             );
-            assert!(t.repair_calls >= t.lines_repaired);
+            assert!(t.repair_calls >= t.lines_repaired + t.whole_slot_calls);
             assert_eq!(t.judgments.len(), t.verify_calls);
             assert_eq!(
                 t.judgments.iter().filter(|j| !j.accepted).count(),
@@ -198,6 +199,7 @@ fn stream_cache_reuse_and_batching_match_fresh_computation() {
                 "Check.".into(),
             ],
             kind: RequestKind::Judge { top_k: 8 },
+            lines: Default::default(),
         };
         let gen = |stream: usize| Request {
             stream,
@@ -206,6 +208,7 @@ fn stream_cache_reuse_and_batching_match_fresh_computation() {
                 max_tokens: 7,
                 stop_at_newline: false,
             },
+            lines: Default::default(),
         };
         let probs = |r: &Response| match r {
             Response::Judged(v) => v.clone(),
@@ -295,4 +298,116 @@ fn real_pair_compacts_the_smoke_sessions() {
             out.markdown
         );
     }
+}
+
+/// A history of `bytes` characters or more, in 40 messages.
+fn long_history(bytes: usize, id: &str) -> History {
+    let per = bytes / 40 + 1;
+    let msgs: Vec<_> = (0..40)
+        .map(|i| {
+            let body: String =
+                format!("step {i}: edited src/mod{i}.rs and ran the tests. ").repeat(per / 40 + 1);
+            serde_json::json!({
+                "role": if i % 2 == 0 {"user"} else {"assistant"},
+                "content": body.chars().take(per).collect::<String>()
+            })
+        })
+        .collect();
+    let mut h = parse_value(&serde_json::Value::Array(msgs)).unwrap();
+    h.id = Some(id.to_string());
+    h
+}
+
+#[test]
+fn tiny_models_compact_a_history_of_one_and_a_half_contexts_in_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let drafter = tiny(Architecture::Llama, 3, dir.path());
+    let target = tiny(Architecture::Qwen2, 5, dir.path());
+    let context = target.context_length();
+    let mut cfg = CompactionConfig::default();
+    cfg.eta = 0.5;
+    cfg.draft_tokens = 12;
+    cfg.repair_tokens = 8;
+    cfg.line_grace = 8;
+    cfg.slot_max_lines = 2;
+    cfg.slot_max_tokens = 32;
+    cfg.summary_budget = 400;
+    let c = Compactor::new(drafter, target, cfg.clone()).unwrap();
+    // A history of at least 1.5 contexts in the target's tokens.
+    let count = |h: &History| {
+        c.target()
+            .count_tokens(&speccompact_history::render(h, &Default::default()))
+            .unwrap()
+    };
+    let mut bytes = context * 3 / 2;
+    let mut h = long_history(bytes, "long");
+    while count(&h) < context * 3 / 2 {
+        bytes += context / 2;
+        h = long_history(bytes, "long");
+    }
+    assert!(count(&h) < context * 2, "{} tokens", count(&h));
+    for m in [Method::Speculative, Method::TargetSelf] {
+        let out = c.compact_blocking(&h, m, &mut |_| {}).unwrap();
+        check_consistent(&out, &cfg);
+        let st = &out.trace.stages;
+        assert!(st.len() >= 2, "{m}: {st:?}");
+        assert_eq!((st[0].messages.0, st.last().unwrap().messages.1), (1, 40));
+        for w in st.windows(2) {
+            assert_eq!(w[0].messages.1 + 1, w[1].messages.0, "{st:?}");
+        }
+    }
+    // The drafter's window is the same as the target's: speculative drafted from views in
+    // each stage that did not fit it whole, never with a context error.
+    let mut err = cfg;
+    err.overflow = speccompact_engine::Overflow::Error;
+    let c = Compactor::new(
+        tiny(Architecture::Llama, 3, dir.path()),
+        tiny(Architecture::Qwen2, 5, dir.path()),
+        err,
+    )
+    .unwrap();
+    assert!(c
+        .compact_blocking(&h, Method::Speculative, &mut |_| {})
+        .is_err());
+}
+
+#[test]
+fn real_pair_recompaction_of_a_grown_session_prefills_only_the_new_messages() {
+    let (Some(d), Some(t)) = (
+        real("smollm2-135m-instruct"),
+        real("qwen2.5-coder-0.5b-instruct"),
+    ) else {
+        return;
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/sample-session.json");
+    let mut h =
+        speccompact_history::parse_history(&std::fs::read_to_string(path).unwrap()).unwrap();
+    h.id = Some("sample".into());
+    let mut cfg = CompactionConfig::default();
+    cfg.slot_max_lines = 2;
+    let c = Compactor::new(d, t, cfg).unwrap();
+    let r = speccompact_engine::bench::recompaction(&c, &h, Method::Speculative, 4).unwrap();
+    let new_msgs = History {
+        id: None,
+        messages: h.messages[h.messages.len() - 4..].to_vec(),
+    };
+    let new_tokens = c
+        .target()
+        .count_tokens(&speccompact_history::render(&new_msgs, &Default::default()))
+        .unwrap();
+    eprintln!(
+        "first {:.1} s, second {:.1} s; target computed {} of {} (new messages {new_tokens})",
+        r.first.wall_ms / 1e3,
+        r.second.wall_ms / 1e3,
+        r.new_target_tokens(),
+        r.second.target_prefix_tokens
+    );
+    assert_eq!(r.first.target_prefix_reused, 0);
+    assert!(r.second.target_prefix_reused > 0);
+    assert!(
+        r.new_target_tokens() <= new_tokens + 8,
+        "{} computed for {new_tokens} new",
+        r.new_target_tokens()
+    );
+    assert!(r.second.drafter_prefix_reused > 0);
 }

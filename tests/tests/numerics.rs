@@ -449,3 +449,49 @@ fn corrupt_and_truncated_files_are_named() -> R<()> {
     assert!(e.contains("missing.gguf"), "{e}");
     Ok(())
 }
+
+/// Line masks and the line grace in the generation loop: a masked token is never produced at
+/// a line start, and a row over its budget goes on while its line is unfinished.
+#[test]
+fn generation_masks_line_starts_and_finishes_lines_in_the_grace() {
+    use speccompact_runtime::{greedy_rows, LineMask, StopReason, StopRules};
+    let dir = tempfile::tempdir().unwrap();
+    let b = speccompact_tests::tiny_backend(Architecture::Qwen2, 7, dir.path(), 64);
+    let m = b.model();
+    let prompt = m.tokenizer.encode("hello world\n", true).unwrap();
+    let run = |rules: StopRules| {
+        let mut seq = m.decoder.new_sequence();
+        let out = greedy_rows(
+            &m.decoder,
+            &m.tokenizer,
+            &mut [&mut seq],
+            &[&prompt],
+            &[rules],
+            |_, _| Ok(()),
+        )
+        .unwrap();
+        (out.into_iter().next().unwrap(), seq)
+    };
+    let mut rules = StopRules::new(&m.tokenizer, 6);
+    rules.stop_tokens.clear();
+    let (free, _) = run(rules.clone());
+    let first = free.tokens[0];
+    // Banning the first token at a line start changes the first token, and only it is banned.
+    let mut masked = rules.clone();
+    masked.line_masks = vec![LineMask {
+        line: String::new(),
+        banned: vec![first],
+    }];
+    let (out, _) = run(masked);
+    assert_ne!(out.tokens[0], first);
+    // Grace: random weights rarely write a newline, so the row runs to budget + grace.
+    let mut grace = rules;
+    grace.max_new_tokens = 3;
+    grace.line_grace = 4;
+    let (out, seq) = run(grace);
+    if !out.text.contains('\n') {
+        assert_eq!(out.tokens.len(), 7);
+        assert_eq!(out.reason, StopReason::MaxTokens);
+        assert_eq!(seq.len(), prompt.len() + out.cached);
+    }
+}

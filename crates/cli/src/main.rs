@@ -52,7 +52,7 @@ struct EngineArgs {
     /// built-in defaults, flags win over the file.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// A history over the models' context: `error` or `middle-cut`.
+    /// A history over the target's context: `stages` (default), `error` or `middle-cut`.
     #[arg(long)]
     overflow: Option<String>,
 }
@@ -99,6 +99,10 @@ enum Cmd {
         /// Also write the JSON report (`runs` and `summary`) to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Also measure a re-compaction per session: speculative on the session without its
+        /// last N messages, then on the whole (the second reuses the first's prefixes).
+        #[arg(long)]
+        recompact: Option<usize>,
         #[command(flatten)]
         engine: EngineArgs,
     },
@@ -398,7 +402,8 @@ fn compactor(cli: &Cli, store: &Store, a: &EngineArgs) -> Result<Compactor> {
         cfg.overflow = match o.as_str() {
             "error" => Overflow::Error,
             "middle-cut" => Overflow::MiddleCut,
-            _ => bail!("unknown --overflow `{o}` (error, middle-cut)"),
+            "stages" => Overflow::Stages,
+            _ => bail!("unknown --overflow `{o}` (stages, error, middle-cut)"),
         };
     }
     cfg.validate("command line")?;
@@ -627,7 +632,7 @@ fn main() -> Result<()> {
                 );
             }
         }
-        Cmd::Bench { data, methods, limit, format, out, json, engine } => {
+        Cmd::Bench { data, methods, limit, format, out, json, recompact, engine } => {
             let methods: Vec<Method> = methods
                 .split(',')
                 .map(|m| m.trim().parse())
@@ -656,6 +661,14 @@ fn main() -> Result<()> {
                 bar.set_message(format!("{id} {m}"));
             })?;
             bar.finish_and_clear();
+            let mut recompactions = Vec::new();
+            if let Some(n) = recompact {
+                for h in &sessions {
+                    let r = speccompact_engine::bench::recompaction(&c, h, Method::Speculative, *n)?;
+                    tracing::info!(session = r.session.as_str(), speedup = r.speedup(), "re-compaction done");
+                    recompactions.push(r);
+                }
+            }
             let header = format!(
                 "drafter {}, target {}, eta {}, {} sessions of {}\n\n",
                 c.config().drafter,
@@ -666,8 +679,14 @@ fn main() -> Result<()> {
             );
             let text = if format == "json" {
                 serde_json::to_string_pretty(&report)? + "\n"
-            } else {
+            } else if recompactions.is_empty() {
                 header + &report.table()
+            } else {
+                format!(
+                    "{header}{}\nRe-compaction (speculative, session grown by its last messages):\n\n{}",
+                    report.table(),
+                    speccompact_engine::bench::recompaction_table(&recompactions)
+                )
             };
             print!("{text}");
             if let Some(p) = out {

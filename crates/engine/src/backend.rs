@@ -1,11 +1,66 @@
 //! The seam between the compaction algorithms and a model: open a session by prefilling one
 //! shared prefix, then run batches of requests after it. Each request names a stream (one per
 //! slot); a backend keeps each stream's cache and reuses the longest common prefix of
-//! consecutive requests on the same stream.
+//! consecutive requests on the same stream. A prefilled prefix outlives its session: a later
+//! prefill reuses the positions it shares with an earlier one, and a stream may have a prefix
+//! of its own (a slot's view of a history too long for the model).
 
 use crate::prompt::ChatFormat;
 use crate::Result;
 use speccompact_runtime::StopReason;
+use std::sync::Arc;
+
+/// Says whether a generation goes on after a line it completed: called with the lines this
+/// generation completed before it and the line itself (without its newline); `false` ends the
+/// generation after that line.
+pub type LineGate = Arc<dyn Fn(&[String], &str) -> bool + Send + Sync>;
+
+/// Line-level rules of a generation request.
+#[derive(Clone, Default)]
+pub struct LineRules {
+    /// Ends the generation after the first line the gate refuses
+    /// ([`StopReason::LineRejected`]).
+    pub gate: Option<LineGate>,
+    /// Extra tokens past `max_tokens` to finish the line the budget ran out in.
+    pub grace: usize,
+    /// Never start a line with `#` except a level-2 `## ` heading (which ends a section).
+    pub no_headings: bool,
+}
+
+impl std::fmt::Debug for LineRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineRules")
+            .field("gate", &self.gate.is_some())
+            .field("grace", &self.grace)
+            .field("no_headings", &self.no_headings)
+            .finish()
+    }
+}
+
+/// Equal when the settings are and the gates are the same function object.
+impl PartialEq for LineRules {
+    fn eq(&self, o: &Self) -> bool {
+        let gates = match (&self.gate, &o.gate) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        gates && self.grace == o.grace && self.no_headings == o.no_headings
+    }
+}
+
+impl Eq for LineRules {}
+
+/// A prefilled shared prefix, as returned by [`Backend::prefill`].
+#[derive(Debug, Clone)]
+pub struct Prefilled<P> {
+    /// The prefix (kept by callers to reuse it later).
+    pub prefix: P,
+    /// Its length in tokens.
+    pub tokens: usize,
+    /// Positions taken over from the base prefix (not computed again).
+    pub reused: usize,
+}
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +89,8 @@ pub struct Request {
     pub prompt: Vec<String>,
     /// Judge or generate.
     pub kind: RequestKind,
+    /// Line rules of a generation (ignored by judgments).
+    pub lines: LineRules,
 }
 
 /// Output of a generation request.
@@ -60,6 +117,8 @@ pub enum Response {
 pub trait Backend: Send + Sync {
     /// Per-compaction state: the prefilled prefix and the streams' caches.
     type Session: Send;
+    /// A prefilled prefix, shareable between sessions and reusable by later prefills.
+    type Prefix: Clone + Send + Sync;
 
     /// The model's name, for traces and errors.
     fn name(&self) -> &str;
@@ -71,8 +130,19 @@ pub trait Backend: Send + Sync {
     fn count_tokens(&self, text: &str) -> Result<usize>;
     /// Whether the model runs on a GPU (drafter/target overlap pays off there).
     fn is_gpu(&self) -> bool;
+    /// Prefills `text` as a shared prefix; the positions it shares with `base` (longest
+    /// common prefix of their tokens) are taken from `base`, not computed again.
+    fn prefill(&self, text: &str, base: Option<&Self::Prefix>) -> Result<Prefilled<Self::Prefix>>;
+    /// A session whose streams fork from `prefix`.
+    fn session(&self, prefix: &Self::Prefix) -> Self::Session;
+    /// Gives `stream` its own prefix: its cache forks from `prefix` from now on.
+    fn set_stream_prefix(&self, session: &mut Self::Session, stream: usize, prefix: &Self::Prefix);
+    /// Memory a prefix holds, in bytes.
+    fn prefix_bytes(&self, prefix: &Self::Prefix) -> usize;
     /// Prefills the shared prefix and starts a session.
-    fn open(&self, prefix: &str) -> Result<Self::Session>;
+    fn open(&self, prefix: &str) -> Result<Self::Session> {
+        Ok(self.session(&self.prefill(prefix, None)?.prefix))
+    }
     /// Runs requests as one batch (one forward per step for all rows still going);
     /// responses are in request order.
     fn run(&self, session: &mut Self::Session, requests: &[Request]) -> Result<Vec<Response>>;
@@ -81,6 +151,7 @@ pub trait Backend: Send + Sync {
 /// A shared backend is a backend (tests keep a handle to count calls; servers share models).
 impl<B: Backend> Backend for std::sync::Arc<B> {
     type Session = B::Session;
+    type Prefix = B::Prefix;
 
     fn name(&self) -> &str {
         (**self).name()
@@ -96,6 +167,18 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn is_gpu(&self) -> bool {
         (**self).is_gpu()
+    }
+    fn prefill(&self, text: &str, base: Option<&Self::Prefix>) -> Result<Prefilled<Self::Prefix>> {
+        (**self).prefill(text, base)
+    }
+    fn session(&self, prefix: &Self::Prefix) -> Self::Session {
+        (**self).session(prefix)
+    }
+    fn set_stream_prefix(&self, session: &mut Self::Session, stream: usize, prefix: &Self::Prefix) {
+        (**self).set_stream_prefix(session, stream, prefix)
+    }
+    fn prefix_bytes(&self, prefix: &Self::Prefix) -> usize {
+        (**self).prefix_bytes(prefix)
     }
     fn open(&self, prefix: &str) -> Result<Self::Session> {
         (**self).open(prefix)

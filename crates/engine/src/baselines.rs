@@ -7,10 +7,19 @@ use crate::compactor::Event;
 use crate::compactor::{Job, LineOut, Origin, SlotOut, SlotStop};
 use crate::lines::{Check, Checker};
 use crate::{prompt, Backend, Error, Result};
+use speccompact_runtime::StopReason;
 
+/// A generation's text and tokens; a last line cut by the token budget is dropped (a line is
+/// never kept cut).
 fn text_of(resp: Response, who: &str) -> Result<(String, usize)> {
     match resp {
-        Response::Generated(g) => Ok((g.text, g.tokens)),
+        Response::Generated(g) => {
+            let mut text = g.text;
+            if g.reason == StopReason::MaxTokens {
+                text.truncate(text.rfind('\n').unwrap_or(0));
+            }
+            Ok((text, g.tokens))
+        }
         Response::Judged(_) => Err(Error::Backend {
             backend: who.to_string(),
             reason: "answered a generation request with a judgment".into(),
@@ -98,6 +107,7 @@ pub(crate) fn sequential<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut
             max_tokens: cfg.summary_budget,
             stop_at_newline: false,
         },
+        lines: Default::default(),
     };
     let (mut out, ms) = job.run_target(std::slice::from_ref(&req))?;
     job.trace.repair_ms += ms;
@@ -148,6 +158,7 @@ pub(crate) fn per_slot<B: Backend>(job: &mut Job<'_, B>, drafter: bool) -> Resul
                 max_tokens: cfg.slot_max_tokens,
                 stop_at_newline: false,
             },
+            lines: Default::default(),
         })
         .collect();
     let (out, ms) = if drafter {

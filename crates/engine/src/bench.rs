@@ -60,6 +60,86 @@ pub struct BenchSummary {
     pub repair_calls: f64,
     /// Mean batched model calls.
     pub batches: f64,
+    /// Mean drafted lines refused by the checks (sent to repair without a judgment).
+    pub failed_checks: f64,
+    /// Mean drafted lines that went through the checks.
+    pub proposed: f64,
+    /// Mean tokens the drafter generated.
+    pub drafter_tokens: f64,
+}
+
+/// A compaction of a session without its last messages, then of the whole session: the
+/// second reuses the first's prefilled prefixes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recompaction {
+    /// Session id.
+    pub session: String,
+    /// Messages the session grew by.
+    pub grown_by: usize,
+    /// The first compaction (cold).
+    pub first: Trace,
+    /// The second (the grown session).
+    pub second: Trace,
+}
+
+impl Recompaction {
+    /// Target prefix tokens the second compaction computed (not reused).
+    pub fn new_target_tokens(&self) -> usize {
+        self.second.target_prefix_tokens - self.second.target_prefix_reused
+    }
+    /// First wall time / second wall time.
+    pub fn speedup(&self) -> f64 {
+        self.first.wall_ms / self.second.wall_ms.max(1e-9)
+    }
+}
+
+/// Compacts `h` without its last `grow_by` messages, then all of `h`, with `method`, on a
+/// cold cache; the history needs an id (the cache key).
+pub fn recompaction<B: Backend + 'static>(
+    compactor: &Compactor<B>,
+    h: &History,
+    method: Method,
+    grow_by: usize,
+) -> Result<Recompaction> {
+    let id = h.id.clone().unwrap_or_else(|| "recompaction".into());
+    let mut whole = h.clone();
+    whole.id = Some(id.clone());
+    let mut part = whole.clone();
+    part.messages
+        .truncate(whole.messages.len().saturating_sub(grow_by).max(1));
+    compactor.forget(&id)?;
+    let first = compactor.compact_blocking(&part, method, &mut |_: &Event| {})?;
+    let second = compactor.compact_blocking(&whole, method, &mut |_: &Event| {})?;
+    compactor.forget(&id)?;
+    Ok(Recompaction {
+        session: id,
+        grown_by: whole.messages.len() - part.messages.len(),
+        first: first.trace,
+        second: second.trace,
+    })
+}
+
+/// Markdown table of re-compactions.
+pub fn recompaction_table(rs: &[Recompaction]) -> String {
+    let mut out = String::from(
+        "| session | grown by | first wall s | first target prefill tokens | second wall s | second target tokens computed / reused | second drafter tokens computed / reused | speedup |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rs {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} / {} | {} / {} | {:.2}x |\n",
+            r.session,
+            r.grown_by,
+            s(r.first.wall_ms),
+            r.first.target_prefix_tokens,
+            s(r.second.wall_ms),
+            r.new_target_tokens(),
+            r.second.target_prefix_reused,
+            r.second.drafter_prefix_tokens - r.second.drafter_prefix_reused,
+            r.second.drafter_prefix_reused,
+            r.speedup()
+        ));
+    }
+    out
 }
 
 /// A whole benchmark.
@@ -173,6 +253,9 @@ fn summarize(runs: &[BenchRun], m: Method) -> BenchSummary {
         verify_calls: mean(&|t| t.verify_calls as f64),
         repair_calls: mean(&|t| t.repair_calls as f64),
         batches: mean(&|t| t.batches as f64),
+        failed_checks: mean(&|t| t.lines_failed_checks as f64),
+        proposed: mean(&|t| t.lines_proposed as f64),
+        drafter_tokens: mean(&|t| t.drafter_tokens as f64),
     }
 }
 
@@ -211,11 +294,11 @@ impl BenchReport {
             ));
         }
         out.push_str(
-            "\n| method | sessions | mean wall s | mean warm s | prefill s | draft s | verify s | repair s | speedup cold | speedup warm | accept | drafter/verify/repair calls | batches |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "\n| method | sessions | mean wall s | mean warm s | prefill s | draft s | verify s | repair s | speedup cold | speedup warm | accept | drafter/verify/repair calls | batches | check failures / proposed | drafter tokens |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for m in &self.summary {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {:.1}/{:.1}/{:.1} | {:.1} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {:.1}/{:.1}/{:.1} | {:.1} | {:.1} / {:.1} | {:.0} |\n",
                 m.method,
                 m.sessions,
                 s(m.mean_wall_ms),
@@ -230,7 +313,10 @@ impl BenchReport {
                 m.drafter_calls,
                 m.verify_calls,
                 m.repair_calls,
-                m.batches
+                m.batches,
+                m.failed_checks,
+                m.proposed,
+                m.drafter_tokens
             ));
         }
         out

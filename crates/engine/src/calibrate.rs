@@ -628,6 +628,7 @@ pub fn score_lines<B: Backend + 'static>(
                             prompt::judge_question(target.format(), &vc),
                         ],
                         kind: RequestKind::Judge { top_k: cfg.top_k },
+                        lines: Default::default(),
                     }
                 })
                 .collect();

@@ -2,13 +2,14 @@
 //! markdown and the trace), the progress [`Event`]s, and the shared steps every method takes
 //! (rendering the history within the context, prefilling, assembling, the budget check).
 
-use crate::backend::{Backend, Request, Response};
-use crate::config::{CompactionConfig, Overflow, Overlap};
+use crate::backend::{Backend, Prefilled, Request, Response};
+use crate::config::{CompactionConfig, DrafterView, Overflow, Overlap};
 use crate::model_backend::ModelBackend;
+use crate::session_cache::{Role, SessionCache};
 use crate::{baselines, prompt, speculative, Error, Result};
 use serde::Serialize;
-use speccompact_history::{render, History, RenderOptions};
-use std::sync::Arc;
+use speccompact_history::{render, slot_view, History, Message, RenderOptions, ViewOptions};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// A compaction method.
@@ -183,6 +184,10 @@ pub struct Trace {
     pub lines_failed_checks: usize,
     /// Lines written by repairs and kept.
     pub lines_repaired: usize,
+    /// Target-written whole bodies of slots that had no content line (one per such slot).
+    pub whole_slot_calls: usize,
+    /// Lines those bodies added (origin `repair`).
+    pub whole_slot_lines: usize,
     /// lines_accepted / lines_proposed (0 when nothing was proposed).
     pub acceptance_rate: f64,
     /// Tokens the drafter generated.
@@ -191,8 +196,21 @@ pub struct Trace {
     pub target_tokens: usize,
     /// Shared prefix of the target, in tokens (0 when unused).
     pub target_prefix_tokens: usize,
-    /// Shared prefix of the drafter, in tokens (0 when unused).
+    /// Shared prefix of the drafter, in tokens (0 when unused; the sum over slot views).
     pub drafter_prefix_tokens: usize,
+    /// Target prefix positions taken from an earlier prefill of the session (not computed).
+    pub target_prefix_reused: usize,
+    /// Drafter prefix positions taken from an earlier prefill (of the session, or of another
+    /// slot's view).
+    pub drafter_prefix_reused: usize,
+    /// Slot views the drafter read (0: it read the whole history).
+    pub drafter_views: usize,
+    /// Messages each slot view left out, per slot (empty without views).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub view_omitted_messages: Vec<usize>,
+    /// Stages run for a history longer than the target's context (empty: one stage).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<Stage>,
     /// Messages left out by a middle cut (first and last, 1-based), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub omitted_messages: Option<(usize, usize)>,
@@ -200,6 +218,17 @@ pub struct Trace {
     pub summary_tokens: usize,
     /// Every judgment in order: the distribution of r for accepted and rejected lines.
     pub judgments: Vec<Judged>,
+}
+
+/// One stage of a compaction in stages.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stage {
+    /// Messages of the original history it compacted (1-based, inclusive).
+    pub messages: (usize, usize),
+    /// Whether its input began with the summary of the stages before it.
+    pub carried_summary: bool,
+    /// Its wall time.
+    pub wall_ms: f64,
 }
 
 /// One line judged by the target.
@@ -338,10 +367,12 @@ pub(crate) fn run_timed<B: Backend>(
     Ok((out, t.elapsed().as_secs_f64() * 1e3))
 }
 
-struct Inner<B> {
+struct Inner<B: Backend> {
     drafter: B,
     target: B,
     config: CompactionConfig,
+    /// Prefilled prefixes per session, kept across compactions.
+    cache: Mutex<SessionCache<B::Prefix>>,
 }
 
 /// Drafter + target + settings; cheap to clone and shareable between tasks.
@@ -369,13 +400,83 @@ impl<B: Backend + 'static> Compactor<B> {
     /// A compactor over two backends.
     pub fn new(drafter: B, target: B, config: CompactionConfig) -> Result<Self> {
         config.validate("compactor")?;
+        let bound = config.session_cache_mb.saturating_mul(1 << 20);
         Ok(Self {
             inner: Arc::new(Inner {
                 drafter,
                 target,
                 config,
+                cache: Mutex::new(SessionCache::new(bound)),
             }),
         })
+    }
+
+    /// Drops every cached prefix of `session` (and of its stages); returns how many. Call it
+    /// when a session's text is deleted, so none of it stays in a cache.
+    pub fn forget(&self, session: &str) -> Result<usize> {
+        let mut c = self.cache()?;
+        let stages = format!("{session}{STAGE_MARK}");
+        let mut n = c.forget(session);
+        for k in 1..=MAX_STAGES {
+            n += c.forget(&format!("{stages}{k}"));
+        }
+        Ok(n)
+    }
+
+    /// Drops every cached prefix of every session; returns how many.
+    pub fn forget_all(&self) -> Result<usize> {
+        let mut c = self.cache()?;
+        Ok(c.clear())
+    }
+
+    /// Prefixes cached across compactions: (entries, bytes).
+    pub fn cached(&self) -> Result<(usize, usize)> {
+        let c = self.cache()?;
+        Ok((c.len(), c.bytes()))
+    }
+
+    fn cache(&self) -> Result<std::sync::MutexGuard<'_, SessionCache<B::Prefix>>> {
+        self.inner.cache.lock().map_err(|_| Error::Backend {
+            backend: "compactor".into(),
+            reason: "the session cache lock is poisoned (a compaction panicked)".into(),
+        })
+    }
+
+    /// Prefills `text` on `model`, starting from the session's cached prefix of `role` (or
+    /// `fallback`), and caches the result under the session.
+    fn prefill_cached(
+        &self,
+        model: &B,
+        session: Option<&str>,
+        role: Role,
+        text: &str,
+        fallback: Option<&B::Prefix>,
+    ) -> Result<Prefilled<B::Prefix>> {
+        let cached = match session {
+            Some(s) => self.cache()?.get(s, role),
+            None => None,
+        };
+        let p = model.prefill(text, cached.as_ref().or(fallback))?;
+        if let Some(s) = session {
+            let bytes = model.prefix_bytes(&p.prefix);
+            self.cache()?.insert(s, role, p.prefix.clone(), bytes);
+        }
+        Ok(p)
+    }
+
+    /// Whether the whole history fits the target for `method`.
+    fn fits_target(&self, history: &History, method: Method) -> Result<bool> {
+        let cfg = &self.inner.config;
+        let t = &self.inner.target;
+        let text = render(
+            history,
+            &RenderOptions {
+                tool_result_cap: cfg.tool_result_cap,
+                omit: None,
+            },
+        );
+        let tokens = t.count_tokens(&prompt::prefix(t.format(), cfg, &text))?;
+        Ok(tokens <= t.context_length().saturating_sub(reserve(cfg, method)))
     }
 
     /// The settings.
@@ -401,12 +502,11 @@ impl<B: Backend + 'static> Compactor<B> {
         method: Method,
     ) -> Result<(String, Option<(usize, usize)>)> {
         let cfg = &self.inner.config;
+        // The drafter reads slot views when the history does not fit it; only the target
+        // must read the whole history.
         let mut models: Vec<&B> = Vec::new();
         if method.uses_target() {
             models.push(&self.inner.target);
-        }
-        if method.uses_drafter() {
-            models.push(&self.inner.drafter);
         }
         let n = history.messages.len();
         // Some(over) when a model's prefix does not fit: (model, tokens, limit, context).
@@ -439,7 +539,7 @@ impl<B: Backend + 'static> Compactor<B> {
             limit,
             context,
         };
-        if cfg.overflow == Overflow::Error || n < 3 {
+        if cfg.overflow != Overflow::MiddleCut || n < 3 {
             return Err(too_long);
         }
         // Smallest middle cut that fits: keep the first message and as much of the end as
@@ -470,7 +570,10 @@ impl<B: Backend + 'static> Compactor<B> {
         Ok((text, Some((r.start + 1, r.end))))
     }
 
-    /// Runs one compaction on this thread, reporting progress to `on_event`.
+    /// Runs one compaction on this thread, reporting progress to `on_event`. A history with
+    /// an id keeps its prefilled prefixes in the session cache: compacting it again (grown
+    /// or not) prefills only what changed. A history longer than the target's context is
+    /// compacted in stages unless `overflow` says otherwise.
     pub fn compact_blocking(
         &self,
         history: &History,
@@ -480,6 +583,132 @@ impl<B: Backend + 'static> Compactor<B> {
         if history.messages.is_empty() {
             return Err(speccompact_history::HistoryError::Empty.into());
         }
+        if self.inner.config.overflow == Overflow::Stages
+            && method.uses_target()
+            && !self.fits_target(history, method)?
+        {
+            return self.compact_in_stages(history, method, on_event, 1);
+        }
+        self.compact_once(history, method, on_event)
+    }
+
+    /// Compacts the longest run of older messages that fits the target, then that summary
+    /// with the remaining messages (in stages again if that is still too long).
+    fn compact_in_stages(
+        &self,
+        history: &History,
+        method: Method,
+        on_event: &mut dyn FnMut(&Event),
+        stage: usize,
+    ) -> Result<Compaction> {
+        let t0 = Instant::now();
+        let n = history.messages.len();
+        let carried = stage > 1;
+        let part = |k: usize| History {
+            id: history.id.clone(),
+            messages: history.messages[..k].to_vec(),
+        };
+        // Largest k whose first k messages fit (fitting is monotone in k).
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.fits_target(&part(mid), method)? {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let k = lo;
+        // At least one new message must go into the first part beside a carried summary.
+        if k < 1 + usize::from(carried) || stage > MAX_STAGES {
+            return Err(self.too_long_error(history, method)?);
+        }
+        if k == n {
+            return self.compact_once(history, method, on_event);
+        }
+        let mut older = part(k);
+        older.id = history
+            .id
+            .as_ref()
+            .map(|id| format!("{id}{STAGE_MARK}{stage}"));
+        let first = self.compact_once(&older, method, on_event)?;
+        let first_ms = first.trace.wall_ms;
+        let mut rest = History {
+            id: history.id.clone(),
+            messages: Vec::with_capacity(n - k + 1),
+        };
+        rest.messages.push(Message::text(
+            speccompact_history::Role::User,
+            &format!(
+                "[Summary of the {} earlier messages, compacted before the rest]\n{}",
+                k - usize::from(carried),
+                first.markdown.trim_end()
+            ),
+        ));
+        rest.messages.extend_from_slice(&history.messages[k..]);
+        let mut out = if self.fits_target(&rest, method)? {
+            self.compact_once(&rest, method, on_event)?
+        } else {
+            self.compact_in_stages(&rest, method, on_event, stage + 1)?
+        };
+        // Stages in this history's message numbers: the rest's first message is the carried
+        // summary, its message j is message k + j - 1 here.
+        let mut stages = vec![Stage {
+            messages: (1, k),
+            carried_summary: carried,
+            wall_ms: first_ms,
+        }];
+        if out.trace.stages.is_empty() {
+            stages.push(Stage {
+                messages: (k + 1, n),
+                carried_summary: true,
+                wall_ms: out.trace.wall_ms,
+            });
+        } else {
+            stages.extend(out.trace.stages.iter().map(|s| Stage {
+                messages: (s.messages.0.max(2) + k - 1, s.messages.1 + k - 1),
+                ..s.clone()
+            }));
+        }
+        let t = &mut out.trace;
+        t.stages = stages;
+        t.prefill_ms += first.trace.prefill_ms;
+        t.draft_ms += first.trace.draft_ms;
+        t.verify_ms += first.trace.verify_ms;
+        t.repair_ms += first.trace.repair_ms;
+        t.drafter_tokens += first.trace.drafter_tokens;
+        t.target_tokens += first.trace.target_tokens;
+        t.wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(out)
+    }
+
+    /// The context error for a history that cannot be split into stages.
+    fn too_long_error(&self, history: &History, method: Method) -> Result<Error> {
+        let cfg = &self.inner.config;
+        let t = &self.inner.target;
+        let text = render(
+            history,
+            &RenderOptions {
+                tool_result_cap: cfg.tool_result_cap,
+                omit: None,
+            },
+        );
+        let tokens = t.count_tokens(&prompt::prefix(t.format(), cfg, &text))?;
+        Ok(Error::HistoryTooLong {
+            model: t.name().to_string(),
+            tokens,
+            limit: t.context_length().saturating_sub(reserve(cfg, method)),
+            context: t.context_length(),
+        })
+    }
+
+    /// One compaction of a history that fits the target.
+    fn compact_once(
+        &self,
+        history: &History,
+        method: Method,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Compaction> {
         let t0 = Instant::now();
         let inner = &*self.inner;
         let cfg = &inner.config;
@@ -503,19 +732,36 @@ impl<B: Backend + 'static> Compactor<B> {
             overlap,
         };
         let tp = Instant::now();
+        let session = if cfg.session_cache_mb > 0 {
+            history.id.as_deref()
+        } else {
+            None
+        };
         let tprefix = prompt::prefix(inner.target.format(), cfg, &transcript);
-        let dprefix = prompt::prefix(inner.drafter.format(), cfg, &transcript);
-        let open_t = || -> Result<Option<B::Session>> {
+        let views = method.uses_drafter() && self.needs_views(&transcript)?;
+        let open_t = || -> Result<Option<Prefilled<B::Prefix>>> {
             method
                 .uses_target()
-                .then(|| inner.target.open(&tprefix))
+                .then(|| self.prefill_cached(&inner.target, session, Role::Target, &tprefix, None))
                 .transpose()
         };
-        let open_d = || -> Result<Option<B::Session>> {
-            method
-                .uses_drafter()
-                .then(|| inner.drafter.open(&dprefix))
-                .transpose()
+        let open_d = || -> Result<Option<(B::Session, DrafterPrefill)>> {
+            if !method.uses_drafter() {
+                return Ok(None);
+            }
+            if views {
+                return self.open_views(history, session).map(Some);
+            }
+            let dprefix = prompt::prefix(inner.drafter.format(), cfg, &transcript);
+            let p = self.prefill_cached(&inner.drafter, session, Role::Drafter, &dprefix, None)?;
+            Ok(Some((
+                inner.drafter.session(&p.prefix),
+                DrafterPrefill {
+                    tokens: p.tokens,
+                    reused: p.reused,
+                    omitted: Vec::new(),
+                },
+            )))
         };
         let (ts, ds) = if overlap {
             std::thread::scope(|s| {
@@ -530,15 +776,19 @@ impl<B: Backend + 'static> Compactor<B> {
         } else {
             (open_t(), open_d())
         };
-        job.tsess = ts?;
-        job.dsess = ds?;
+        if let Some(p) = ts? {
+            job.trace.target_prefix_tokens = p.tokens;
+            job.trace.target_prefix_reused = p.reused;
+            job.tsess = Some(inner.target.session(&p.prefix));
+        }
+        if let Some((sess, d)) = ds? {
+            job.trace.drafter_prefix_tokens = d.tokens;
+            job.trace.drafter_prefix_reused = d.reused;
+            job.trace.drafter_views = d.omitted.len();
+            job.trace.view_omitted_messages = d.omitted;
+            job.dsess = Some(sess);
+        }
         job.trace.prefill_ms = tp.elapsed().as_secs_f64() * 1e3;
-        if job.tsess.is_some() {
-            job.trace.target_prefix_tokens = inner.target.count_tokens(&tprefix)?;
-        }
-        if job.dsess.is_some() {
-            job.trace.drafter_prefix_tokens = inner.drafter.count_tokens(&dprefix)?;
-        }
         job.emit(Event::Prefilled {
             target_tokens: job.trace.target_prefix_tokens,
             drafter_tokens: job.trace.drafter_prefix_tokens,
@@ -601,6 +851,85 @@ impl<B: Backend + 'static> Compactor<B> {
         (rx, handle)
     }
 }
+
+impl<B: Backend + 'static> Compactor<B> {
+    /// Whether the drafter reads slot views: always when configured, else when the whole
+    /// history does not fit its context.
+    fn needs_views(&self, transcript: &str) -> Result<bool> {
+        let cfg = &self.inner.config;
+        if cfg.drafter_view == DrafterView::Always {
+            return Ok(true);
+        }
+        let d = &self.inner.drafter;
+        let tokens = d.count_tokens(&prompt::prefix(d.format(), cfg, transcript))?;
+        Ok(tokens
+            > d.context_length()
+                .saturating_sub(reserve(cfg, Method::Speculative)))
+    }
+
+    /// Prefills one view of the history per slot for the drafter (each view reuses the
+    /// positions it shares with the session's earlier view of that slot, else with the
+    /// previous slot's view) and opens a session whose streams each read their own.
+    fn open_views(
+        &self,
+        history: &History,
+        session: Option<&str>,
+    ) -> Result<(B::Session, DrafterPrefill)> {
+        let cfg = &self.inner.config;
+        let d = &self.inner.drafter;
+        let overhead = d.count_tokens(&prompt::prefix(d.format(), cfg, ""))?;
+        let window = d
+            .context_length()
+            .saturating_sub(reserve(cfg, Method::Speculative));
+        let budget = cfg.drafter_view_tokens.min(window).saturating_sub(overhead);
+        let opts = ViewOptions {
+            budget_tokens: budget,
+            render: RenderOptions {
+                tool_result_cap: cfg.tool_result_cap,
+                omit: None,
+            },
+            ..ViewOptions::default()
+        };
+        let mut count = |t: &str| d.count_tokens(t).unwrap_or(t.len());
+        let mut prev: Option<B::Prefix> = None;
+        let mut sess: Option<B::Session> = None;
+        let mut out = DrafterPrefill {
+            tokens: 0,
+            reused: 0,
+            omitted: Vec::with_capacity(cfg.slots.len()),
+        };
+        for (i, slot) in cfg.slots.iter().enumerate() {
+            let view = slot_view(history, &slot.name, &opts, &mut count);
+            let text = prompt::prefix(d.format(), cfg, &view.text);
+            let p = self.prefill_cached(d, session, Role::DrafterView(i), &text, prev.as_ref())?;
+            out.tokens += p.tokens;
+            out.reused += p.reused;
+            out.omitted
+                .push(view.omitted.iter().map(|r| r.end - r.start).sum());
+            let s = sess.get_or_insert_with(|| d.session(&p.prefix));
+            d.set_stream_prefix(s, i, &p.prefix);
+            prev = Some(p.prefix);
+        }
+        let sess = sess.ok_or_else(|| Error::Config {
+            origin: "compactor".into(),
+            reason: "no slots to draft".into(),
+        })?;
+        Ok((sess, out))
+    }
+}
+
+/// What the drafter's prefill did.
+struct DrafterPrefill {
+    tokens: usize,
+    reused: usize,
+    /// Messages each slot view left out (empty without views).
+    omitted: Vec<usize>,
+}
+
+/// Joins a session id and a stage number in stage parts' cache keys.
+const STAGE_MARK: &str = "#stage";
+/// Most stages of one compaction.
+const MAX_STAGES: usize = 16;
 
 fn backend_panic<B: Backend>(b: &B) -> Error {
     Error::Backend {

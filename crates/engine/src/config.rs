@@ -53,6 +53,19 @@ pub enum Overflow {
     Error,
     /// Leave messages out of the middle, with an explicit marker.
     MiddleCut,
+    /// Compact in stages: the older messages that fit first, then their summary with the
+    /// rest (repeated until it fits).
+    Stages,
+}
+
+/// When the drafter writes from a slot-conditioned view of the history instead of all of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrafterView {
+    /// Only when the history does not fit the drafter's context.
+    Auto,
+    /// Always (each slot's view within `drafter_view_tokens`).
+    Always,
 }
 
 /// Whether the drafter's and the target's batches of one round run at the same time.
@@ -87,6 +100,15 @@ pub struct CompactionConfig {
     pub draft_tokens: usize,
     /// Tokens per repair.
     pub repair_tokens: usize,
+    /// Extra tokens a draft or a repair may take past its budget to finish its line.
+    pub line_grace: usize,
+    /// When the drafter reads a slot-conditioned view of the history.
+    pub drafter_view: DrafterView,
+    /// Most drafter tokens of a view's prefix (the drafter's context bounds it too).
+    pub drafter_view_tokens: usize,
+    /// Memory for prefilled prefixes kept across compactions of a session, in MiB (least
+    /// recently used first out; 0 keeps none).
+    pub session_cache_mb: usize,
     /// Longest line in characters.
     pub max_line_chars: usize,
     /// Most lines per slot.

@@ -24,7 +24,7 @@ pub enum Error {
     #[error(
         "the history is {tokens} tokens for {model}, whose context of {context} tokens leaves \
          {limit} for it after the instructions and the summary reserve; shorten it, lower \
-         tool_result_cap, or pass --overflow middle-cut"
+         tool_result_cap, or pass --overflow stages (or middle-cut)"
     )]
     HistoryTooLong {
         /// The model whose context is exceeded.

@@ -26,13 +26,16 @@ pub mod lines;
 pub mod model_backend;
 pub mod prompt;
 pub mod scripted;
+pub mod session_cache;
 pub mod speculative;
 
-pub use backend::{Backend, Generated, Request, RequestKind, Response};
-pub use compactor::{
-    Compaction, Compactor, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Trace,
+pub use backend::{
+    Backend, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response,
 };
-pub use config::{CompactionConfig, Overflow, Overlap, Prompts, SlotSpec};
+pub use compactor::{
+    Compaction, Compactor, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,
+};
+pub use config::{CompactionConfig, DrafterView, Overflow, Overlap, Prompts, SlotSpec};
 pub use error::{Error, Result};
 pub use judge::{score, Judgment};
 pub use model_backend::ModelBackend;

@@ -1,13 +1,15 @@
 //! The runtime behind the [`Backend`] seam: one [`Model`] (shared between compactions), a
 //! session holding the frozen prefix and one forked sequence per stream.
 
-use crate::backend::{Backend, Generated, Request, RequestKind, Response};
+use crate::backend::{Backend, Generated, Prefilled, Request, RequestKind, Response};
 use crate::prompt::ChatFormat;
 use crate::{Error, Result};
 use candle_core::{DType, Device};
-use speccompact_runtime::{greedy_rows, Model, Prefix, Sequence, StopRules};
+use speccompact_runtime::{
+    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopRules,
+};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A loaded model as a compaction backend.
 #[derive(Debug, Clone)]
@@ -16,12 +18,15 @@ pub struct ModelBackend {
     model: Arc<Model>,
     format: ChatFormat,
     prefill_chunk: usize,
+    /// Masks that keep lines from opening with `#` other than a level-2 heading.
+    heading_masks: Arc<OnceLock<Vec<LineMask>>>,
 }
 
-/// A [`ModelBackend`] session: the prefix and every stream's sequence.
+/// A [`ModelBackend`] session: the prefix, streams' own prefixes, every stream's sequence.
 #[derive(Debug)]
 pub struct ModelSession {
     prefix: Arc<Prefix>,
+    stream_prefixes: HashMap<usize, Arc<Prefix>>,
     streams: HashMap<usize, Sequence>,
     segments: HashMap<String, Vec<u32>>,
 }
@@ -42,6 +47,30 @@ impl ModelBackend {
             model,
             format,
             prefill_chunk: prefill_chunk.max(1),
+            heading_masks: Arc::new(OnceLock::new()),
+        })
+    }
+
+    /// At a line start every `#`-token but `##` / `## ` is banned; after `##`, every one.
+    fn heading_masks(&self) -> &[LineMask] {
+        self.heading_masks.get_or_init(|| {
+            let tok = &self.model.tokenizer;
+            let all = tok.hash_tokens().to_vec();
+            let start: Vec<u32> = all
+                .iter()
+                .copied()
+                .filter(|&t| tok.decode(&[t]).map_or(true, |s| s != "##" && s != "## "))
+                .collect();
+            vec![
+                LineMask {
+                    line: String::new(),
+                    banned: start,
+                },
+                LineMask {
+                    line: "##".into(),
+                    banned: all,
+                },
+            ]
         })
     }
 
@@ -99,6 +128,7 @@ fn top_k(logits: &candle_core::Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
 
 impl Backend for ModelBackend {
     type Session = ModelSession;
+    type Prefix = Arc<Prefix>;
 
     fn name(&self) -> &str {
         &self.name
@@ -120,14 +150,56 @@ impl Backend for ModelBackend {
         !matches!(self.model.decoder.device(), Device::Cpu)
     }
 
-    fn open(&self, prefix: &str) -> Result<ModelSession> {
-        let tokens = self.model.tokenizer.encode(prefix, true)?;
-        let seq = self.model.decoder.prefill(&tokens, self.prefill_chunk)?;
-        Ok(ModelSession {
-            prefix: seq.freeze()?,
+    fn prefill(&self, text: &str, base: Option<&Arc<Prefix>>) -> Result<Prefilled<Arc<Prefix>>> {
+        let tokens = self.model.tokenizer.encode(text, true)?;
+        if tokens.is_empty() {
+            return Err(self.err("empty prefix".into()));
+        }
+        let keep = base.map_or(0, |b| {
+            b.tokens()
+                .iter()
+                .zip(&tokens)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        let prefix = match base {
+            Some(b) if keep == tokens.len() => b.truncated(keep)?,
+            Some(b) if keep > 0 => {
+                let mut seq = b.truncated(keep)?.fork();
+                self.model
+                    .decoder
+                    .extend(&mut seq, &tokens[keep..], self.prefill_chunk)?;
+                seq.freeze()?
+            }
+            _ => self
+                .model
+                .decoder
+                .prefill(&tokens, self.prefill_chunk)?
+                .freeze()?,
+        };
+        Ok(Prefilled {
+            prefix,
+            tokens: tokens.len(),
+            reused: keep,
+        })
+    }
+
+    fn session(&self, prefix: &Arc<Prefix>) -> ModelSession {
+        ModelSession {
+            prefix: Arc::clone(prefix),
+            stream_prefixes: HashMap::new(),
             streams: HashMap::new(),
             segments: HashMap::new(),
-        })
+        }
+    }
+
+    fn set_stream_prefix(&self, session: &mut ModelSession, stream: usize, prefix: &Arc<Prefix>) {
+        session.streams.remove(&stream);
+        session.stream_prefixes.insert(stream, Arc::clone(prefix));
+    }
+
+    fn prefix_bytes(&self, prefix: &Arc<Prefix>) -> usize {
+        prefix.kv_bytes()
     }
 
     fn run(&self, session: &mut ModelSession, requests: &[Request]) -> Result<Vec<Response>> {
@@ -143,7 +215,10 @@ impl Backend for ModelBackend {
             if want.is_empty() {
                 return Err(self.err(format!("stream {}: empty prompt", r.stream)));
             }
-            let prefix = &session.prefix;
+            let prefix = session
+                .stream_prefixes
+                .get(&r.stream)
+                .unwrap_or(&session.prefix);
             let seq = session
                 .streams
                 .entry(r.stream)
@@ -155,21 +230,18 @@ impl Backend for ModelBackend {
             seq.truncate(seq.prefix_len() + common)?;
             news.push(want[common..].to_vec());
             rules.push(match r.kind {
-                RequestKind::Judge { .. } => StopRules {
-                    max_new_tokens: 1,
-                    stop_tokens: Vec::new(),
-                    stop_at_newline: false,
-                },
+                RequestKind::Judge { .. } => StopRules::score(),
                 RequestKind::Generate {
                     max_tokens,
                     stop_at_newline,
                 } => {
-                    let s = StopRules::new(tok, max_tokens);
-                    if stop_at_newline {
-                        s.line()
-                    } else {
-                        s
+                    let mut s = StopRules::new(tok, max_tokens);
+                    s.stop_at_newline = stop_at_newline;
+                    s.line_grace = r.lines.grace;
+                    if r.lines.no_headings {
+                        s.line_masks = self.heading_masks().to_vec();
                     }
+                    s
                 }
             });
         }
@@ -184,7 +256,8 @@ impl Backend for ModelBackend {
         }
         let prompts: Vec<&[u32]> = news.iter().map(|v| v.as_slice()).collect();
         let mut judged: Vec<Option<Vec<(String, f32)>>> = vec![None; requests.len()];
-        let outs = greedy_rows(
+        let mut prior: Vec<Vec<String>> = vec![Vec::new(); requests.len()];
+        let outs = greedy_rows_gated(
             &self.model.decoder,
             tok,
             &mut seqs,
@@ -202,6 +275,14 @@ impl Backend for ModelBackend {
                     judged[i] = Some(c);
                 }
                 Ok(())
+            },
+            |i, line| {
+                let verdict = match &requests[i].lines.gate {
+                    Some(gate) if !gate(&prior[i], line) => LineVerdict::Stop,
+                    _ => LineVerdict::Continue,
+                };
+                prior[i].push(line.to_string());
+                verdict
             },
         )?;
         let mut responses = Vec::with_capacity(requests.len());

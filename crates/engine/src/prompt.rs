@@ -79,8 +79,10 @@ impl ChatFormat {
     }
 }
 
-/// The shared prefix: instructions with the verification rule, the rendered history, and
-/// every section with its contract. Ends inside the user turn so slot requests can follow.
+/// The shared prefix: instructions with the verification rule, every section with its
+/// contract, then the rendered history. What a growing session changes comes last, so a
+/// re-compaction reuses everything up to its new messages. Ends inside the user turn so slot
+/// requests can follow.
 pub fn prefix(f: &ChatFormat, c: &CompactionConfig, transcript: &str) -> String {
     let p = &c.prompts;
     let mut s = String::with_capacity(transcript.len() + 4096);
@@ -91,10 +93,6 @@ pub fn prefix(f: &ChatFormat, c: &CompactionConfig, transcript: &str) -> String 
     s.push_str("\n\n");
     s.push_str(&p.judge_rule);
     s.push_str(&f.system_to_user);
-    s.push_str(&p.intro);
-    s.push_str("\n<record>\n");
-    s.push_str(transcript.trim_end());
-    s.push_str("\n</record>\n\n");
     s.push_str(&p.outline);
     s.push_str("\n\n");
     for slot in &c.slots {
@@ -103,6 +101,10 @@ pub fn prefix(f: &ChatFormat, c: &CompactionConfig, transcript: &str) -> String 
             slot.title, slot.contract, slot.format
         ));
     }
+    s.push_str(&p.intro);
+    s.push_str("\n<record>\n");
+    s.push_str(transcript.trim_end());
+    s.push_str("\n</record>\n");
     s
 }
 

@@ -4,7 +4,7 @@
 //! Text is split into word tokens (a run of non-space characters with the whitespace after
 //! it), so `max_tokens` and the newline rule behave as with a real tokenizer.
 
-use crate::backend::{Backend, Generated, Request, RequestKind, Response};
+use crate::backend::{Backend, Generated, Prefilled, Request, RequestKind, Response};
 use crate::prompt::ChatFormat;
 use crate::Result;
 use speccompact_runtime::StopReason;
@@ -24,6 +24,8 @@ pub struct Call {
     pub kind: RequestKind,
     /// Index of the batch it was part of.
     pub batch: usize,
+    /// The prefix the stream runs on (the session's, or the stream's own).
+    pub prefix: String,
 }
 
 /// A scripted backend.
@@ -36,6 +38,7 @@ pub struct Scripted {
     calls: Mutex<Vec<Call>>,
     batches: Mutex<usize>,
     prefixes: Mutex<Vec<String>>,
+    prefills: Mutex<Vec<PrefillCall>>,
 }
 
 impl std::fmt::Debug for Scripted {
@@ -76,6 +79,7 @@ impl Scripted {
             calls: Mutex::new(Vec::new()),
             batches: Mutex::new(0),
             prefixes: Mutex::new(Vec::new()),
+            prefills: Mutex::new(Vec::new()),
         }
     }
 
@@ -127,6 +131,11 @@ impl Scripted {
     pub fn prefixes(&self) -> Vec<String> {
         self.prefixes.lock().map(|c| c.clone()).unwrap_or_default()
     }
+
+    /// Every prefill, in order, with the tokens it reused.
+    pub fn prefills(&self) -> Vec<PrefillCall> {
+        self.prefills.lock().map(|c| c.clone()).unwrap_or_default()
+    }
 }
 
 /// A scripted session (the prefix text).
@@ -134,10 +143,103 @@ impl Scripted {
 pub struct ScriptedSession {
     /// The prefix it was opened with.
     pub prefix: String,
+    /// Streams' own prefixes.
+    pub stream_prefixes: std::collections::HashMap<usize, String>,
+}
+
+/// A scripted prefix: its text; its tokens are [`word_tokens`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptedPrefix {
+    /// The text.
+    pub text: String,
+}
+
+/// One scripted prefill: the prefix text and how many of its word tokens were reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillCall {
+    /// The prefix text.
+    pub text: String,
+    /// Word tokens taken from the base prefix.
+    pub reused: usize,
+    /// Word tokens in all.
+    pub tokens: usize,
+}
+
+/// Applies `max_tokens`, the line grace, the newline rule and the line gate to a scripted
+/// continuation.
+fn continuation(full: &str, kind: RequestKind, lines: &crate::backend::LineRules) -> Generated {
+    let RequestKind::Generate {
+        max_tokens,
+        stop_at_newline,
+    } = kind
+    else {
+        return Generated {
+            text: String::new(),
+            tokens: 0,
+            reason: StopReason::MaxTokens,
+        };
+    };
+    let mut text = String::new();
+    let mut reason = StopReason::StopToken;
+    let mut tokens = 0;
+    let mut done_lines: Vec<String> = Vec::new();
+    for p in word_tokens(full) {
+        if tokens >= max_tokens {
+            let mid_line = !text.is_empty() && !text.ends_with('\n');
+            if !(mid_line && tokens < max_tokens + lines.grace) {
+                reason = StopReason::MaxTokens;
+                break;
+            }
+        }
+        tokens += 1;
+        if stop_at_newline && p.contains('\n') {
+            text.push_str(p.split('\n').next().unwrap_or(""));
+            reason = StopReason::Newline;
+            break;
+        }
+        text.push_str(p);
+        if p.contains('\n') {
+            let parts: Vec<&str> = text.split('\n').collect();
+            let complete = parts.len() - 1;
+            let mut cut = None;
+            for (k, line) in parts
+                .iter()
+                .enumerate()
+                .take(complete)
+                .skip(done_lines.len())
+            {
+                if let Some(gate) = &lines.gate {
+                    if !gate(&done_lines, line) {
+                        cut = Some(k);
+                        break;
+                    }
+                }
+                done_lines.push(line.to_string());
+            }
+            if let Some(k) = cut {
+                text = format!("{}\n", parts[..=k].join("\n"));
+                reason = StopReason::LineRejected;
+                break;
+            }
+            if tokens >= max_tokens {
+                reason = StopReason::MaxTokens;
+                break;
+            }
+        }
+    }
+    if reason == StopReason::StopToken {
+        tokens += 1;
+    }
+    Generated {
+        text,
+        tokens,
+        reason,
+    }
 }
 
 impl Backend for Scripted {
     type Session = ScriptedSession;
+    type Prefix = ScriptedPrefix;
 
     fn name(&self) -> &str {
         &self.name
@@ -159,16 +261,59 @@ impl Backend for Scripted {
         false
     }
 
-    fn open(&self, prefix: &str) -> Result<ScriptedSession> {
-        if let Ok(mut p) = self.prefixes.lock() {
-            p.push(prefix.to_string());
+    fn prefill(
+        &self,
+        text: &str,
+        base: Option<&ScriptedPrefix>,
+    ) -> Result<Prefilled<ScriptedPrefix>> {
+        let tokens = word_tokens(text);
+        let reused = base.map_or(0, |b| {
+            word_tokens(&b.text)
+                .iter()
+                .zip(&tokens)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        if let Ok(mut p) = self.prefills.lock() {
+            p.push(PrefillCall {
+                text: text.to_string(),
+                reused,
+                tokens: tokens.len(),
+            });
         }
-        Ok(ScriptedSession {
-            prefix: prefix.to_string(),
+        Ok(Prefilled {
+            prefix: ScriptedPrefix {
+                text: text.to_string(),
+            },
+            tokens: tokens.len(),
+            reused,
         })
     }
 
-    fn run(&self, _session: &mut ScriptedSession, requests: &[Request]) -> Result<Vec<Response>> {
+    fn session(&self, prefix: &ScriptedPrefix) -> ScriptedSession {
+        if let Ok(mut p) = self.prefixes.lock() {
+            p.push(prefix.text.clone());
+        }
+        ScriptedSession {
+            prefix: prefix.text.clone(),
+            stream_prefixes: Default::default(),
+        }
+    }
+
+    fn set_stream_prefix(
+        &self,
+        session: &mut ScriptedSession,
+        stream: usize,
+        prefix: &ScriptedPrefix,
+    ) {
+        session.stream_prefixes.insert(stream, prefix.text.clone());
+    }
+
+    fn prefix_bytes(&self, prefix: &ScriptedPrefix) -> usize {
+        prefix.text.len()
+    }
+
+    fn run(&self, session: &mut ScriptedSession, requests: &[Request]) -> Result<Vec<Response>> {
         let batch = {
             let mut b = self.batches.lock().map_err(|_| crate::Error::Backend {
                 backend: self.name.clone(),
@@ -186,6 +331,11 @@ impl Backend for Scripted {
                     prompt: prompt.clone(),
                     kind: r.kind,
                     batch,
+                    prefix: session
+                        .stream_prefixes
+                        .get(&r.stream)
+                        .unwrap_or(&session.prefix)
+                        .clone(),
                 });
             }
             out.push(match r.kind {
@@ -194,37 +344,11 @@ impl Backend for Scripted {
                     d.truncate(top_k);
                     Response::Judged(d)
                 }
-                RequestKind::Generate {
-                    max_tokens,
-                    stop_at_newline,
-                } => {
-                    let full = (self.generate)(r.stream, &prompt);
-                    let pieces = word_tokens(&full);
-                    let mut text = String::new();
-                    let mut reason = StopReason::StopToken;
-                    let mut tokens = 0;
-                    for p in pieces {
-                        if tokens == max_tokens {
-                            reason = StopReason::MaxTokens;
-                            break;
-                        }
-                        tokens += 1;
-                        if stop_at_newline && p.contains('\n') {
-                            text.push_str(p.split('\n').next().unwrap_or(""));
-                            reason = StopReason::Newline;
-                            break;
-                        }
-                        text.push_str(p);
-                    }
-                    if reason == StopReason::StopToken {
-                        tokens += 1;
-                    }
-                    Response::Generated(Generated {
-                        text,
-                        tokens,
-                        reason,
-                    })
-                }
+                RequestKind::Generate { .. } => Response::Generated(continuation(
+                    &(self.generate)(r.stream, &prompt),
+                    r.kind,
+                    &r.lines,
+                )),
             });
         }
         Ok(out)

@@ -4,14 +4,20 @@
 //! asks the target for its replacement (one batch); the drafter's and the target's batches of
 //! a round may run at the same time. Lines drafted after the first wait in a buffer that is
 //! valid only while A is exactly what they were drafted after.
+//!
+//! A draft call ends at the first line the checks refuse (nothing after it could be used),
+//! and drafts and repairs may run past their budget to finish a line: no line is kept cut.
+//! A slot that would end without a content line gets one target-written attempt of its whole
+//! body first: it may end empty only when the target, asked for that slot, writes nothing.
 
-use crate::backend::{Generated, Request, RequestKind, Response};
+use crate::backend::{Generated, LineRules, Request, RequestKind, Response};
 use crate::compactor::{Event, Job, Judged, LineOut, Origin, SlotOut, SlotStop};
 use crate::judge::score;
 use crate::lines::{Check, Checker};
 use crate::{prompt, Backend, Error, Result};
 use speccompact_runtime::StopReason;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// One buffered draft item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,14 +34,20 @@ enum State {
     Draft,
     Verify(String),
     Repair,
+    /// The target writes the whole slot body (the slot had no content line).
+    WholeSlot,
     Done(SlotStop),
 }
 
 struct Stream {
     slot: usize,
-    checker: Checker,
+    checker: Arc<Checker>,
     lines: Vec<LineOut>,
+    /// Target tokens of each line of `lines`.
+    line_tokens: Vec<usize>,
     tokens: usize,
+    /// Whether the target has been asked for the whole body (or wrote nothing for the slot).
+    whole_tried: bool,
     state: State,
     buffer: VecDeque<Item>,
     /// The accepted texts the buffer's front item was drafted after.
@@ -52,6 +64,56 @@ impl Stream {
             .iter()
             .filter(|l| !l.text.trim().is_empty())
             .count()
+    }
+
+    /// Whether a line reports something: not blank, not a declared sub-heading, not an
+    /// empty-slot marker.
+    fn has_content(&self) -> bool {
+        self.lines
+            .iter()
+            .any(|l| !l.text.trim().is_empty() && self.checker.check(&l.text, &[]) != Check::Auto)
+    }
+
+    /// Drops empty-slot markers (before the target writes the body in their place).
+    fn drop_markers(&mut self) {
+        let mut i = 0;
+        while i < self.lines.len() {
+            let t = self.lines[i].text.trim().to_lowercase();
+            if crate::lines::EMPTY_MARKERS.contains(&t.trim_end_matches('.')) {
+                self.lines.remove(i);
+                self.tokens -= self.line_tokens.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Line rules of a whole body: stop where the model opens another section.
+    fn body_rules(&self) -> LineRules {
+        let checker = Arc::clone(&self.checker);
+        LineRules {
+            gate: Some(Arc::new(move |_: &[String], line: &str| {
+                checker.check(line, &[]) != Check::EndOfSlot
+            })),
+            ..LineRules::default()
+        }
+    }
+
+    /// Line rules of a draft: stop after the first line the checks refuse or that ends the
+    /// slot, finish a line the budget cut, and never open an undeclared heading.
+    fn draft_rules(&self, grace: usize, no_headings: bool) -> LineRules {
+        let checker = Arc::clone(&self.checker);
+        let accepted = self.texts();
+        LineRules {
+            gate: Some(Arc::new(move |prior: &[String], line: &str| {
+                let mut seen = accepted.clone();
+                seen.extend(prior.iter().cloned());
+                let c = checker.check(line, &seen);
+                !(c.fails() || c == Check::EndOfSlot)
+            })),
+            grace,
+            no_headings,
+        }
     }
 
     fn prompt(&self, head: &str) -> Vec<String> {
@@ -90,6 +152,7 @@ fn admit<B: Backend>(
         return Ok(Admit::Stopped(SlotStop::TokenBudget));
     }
     s.tokens += t;
+    s.line_tokens.push(t);
     job.emit(Event::LineAccepted {
         slot: cfg.slots[s.slot].name.clone(),
         text: text.clone(),
@@ -100,7 +163,15 @@ fn admit<B: Backend>(
     Ok(Admit::Added)
 }
 
+/// Ends a slot; a slot without a content line first gets the target's whole-body attempt.
 fn finish<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, stop: SlotStop) {
+    if !s.whole_tried && !s.has_content() {
+        s.whole_tried = true;
+        s.clear_buffer();
+        s.drop_markers();
+        s.state = State::WholeSlot;
+        return;
+    }
     s.state = State::Done(stop);
     s.clear_buffer();
     job.emit(Event::SlotDone {
@@ -227,6 +298,7 @@ fn generations(
     heads: &[String],
     max_tokens: usize,
     stop_at_newline: bool,
+    rules: impl Fn(&Stream) -> LineRules,
 ) -> Vec<Request> {
     streams
         .iter()
@@ -238,8 +310,44 @@ fn generations(
                 max_tokens,
                 stop_at_newline,
             },
+            lines: rules(s),
         })
         .collect()
+}
+
+/// Takes the target's whole body of a slot: its lines through the checks (refused ones and
+/// a last line cut by the budget are dropped), then the slot ends.
+fn take_whole<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, g: &Generated) -> Result<()> {
+    let mut text = g.text.as_str();
+    if g.reason == StopReason::MaxTokens {
+        text = text.rfind('\n').map_or("", |i| &text[..i]);
+    }
+    let mut stop = SlotStop::Complete;
+    for raw in text.lines() {
+        let c = s.checker.check(raw, &s.texts());
+        let origin = match c {
+            Check::EndOfSlot => break,
+            c if c.fails() => continue,
+            Check::Blank if s.lines.last().is_none_or(|l| l.text.trim().is_empty()) => continue,
+            Check::Blank => Origin::Auto,
+            _ => Origin::Repair,
+        };
+        let line = if c == Check::Blank {
+            String::new()
+        } else {
+            raw.trim_end().to_string()
+        };
+        match admit(job, s, line, origin, None)? {
+            Admit::Added if origin == Origin::Repair => job.trace.whole_slot_lines += 1,
+            Admit::Added => {}
+            Admit::Stopped(st) => {
+                stop = st;
+                break;
+            }
+        }
+    }
+    finish(job, s, stop);
+    Ok(())
 }
 
 /// Runs the speculative method over an open job.
@@ -259,9 +367,11 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     let mut streams: Vec<Stream> = (0..cfg.slots.len())
         .map(|slot| Stream {
             slot,
-            checker: Checker::new(cfg, slot),
+            checker: Arc::new(Checker::new(cfg, slot)),
             lines: Vec::new(),
+            line_tokens: Vec::new(),
             tokens: 0,
+            whole_tried: false,
             state: State::Draft,
             buffer: VecDeque::new(),
             expect: Vec::new(),
@@ -269,12 +379,19 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         .collect();
     // Each round adds or ends something on every live stream except through repair after a
     // rejection, so 3 rounds per possible line bound it; reaching the bound is reported.
-    let max_rounds = 3 * (cfg.slot_max_lines + 2) + 4;
+    let max_rounds = 3 * (cfg.slot_max_lines + 2) + 5;
     for _round in 0..max_rounds {
         for s in streams.iter_mut() {
             drain_buffer(job, s)?;
         }
-        let drafts = generations(&streams, State::Draft, &dreq, cfg.draft_tokens, false);
+        let drafts = generations(
+            &streams,
+            State::Draft,
+            &dreq,
+            cfg.draft_tokens,
+            false,
+            |s| s.draft_rules(cfg.line_grace, cfg.slots[s.slot].headings.is_empty()),
+        );
         let verifies: Vec<Request> = streams
             .iter()
             .filter_map(|s| match &s.state {
@@ -286,12 +403,38 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                         stream: s.slot,
                         prompt: p,
                         kind: RequestKind::Judge { top_k: cfg.top_k },
+                        lines: LineRules::default(),
                     })
                 }
                 _ => None,
             })
             .collect();
-        let repairs = generations(&streams, State::Repair, &treq, cfg.repair_tokens, true);
+        let mut repairs = generations(
+            &streams,
+            State::Repair,
+            &treq,
+            cfg.repair_tokens,
+            true,
+            |_| LineRules {
+                grace: cfg.line_grace,
+                ..LineRules::default()
+            },
+        );
+        // Whole-body attempts go in the same target batch as the repairs.
+        repairs.extend(
+            streams
+                .iter()
+                .filter(|s| s.state == State::WholeSlot)
+                .map(|s| Request {
+                    stream: s.slot,
+                    prompt: s.prompt(&treq[s.slot]),
+                    kind: RequestKind::Generate {
+                        max_tokens: cfg.slot_max_tokens.saturating_sub(s.tokens).max(1),
+                        stop_at_newline: false,
+                    },
+                    lines: s.body_rules(),
+                }),
+        );
         if drafts.is_empty() && verifies.is_empty() && repairs.is_empty() {
             break;
         }
@@ -384,9 +527,24 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             job.trace.target_tokens += g.tokens;
             let s = &mut streams[req.stream];
             s.clear_buffer();
+            if s.state == State::WholeSlot {
+                job.trace.whole_slot_calls += 1;
+                take_whole(job, s, &g)?;
+                continue;
+            }
             s.state = State::Draft;
             let text = g.text.trim_end().to_string();
             let ended = g.reason == StopReason::StopToken;
+            // Asked for the slot's first line, the target ended the slot: it has nothing to
+            // write there, which is what a whole-body attempt would find out.
+            if ended && text.trim().is_empty() && !s.has_content() {
+                s.whole_tried = true;
+            }
+            // The line ran past the budget and its grace: never kept cut.
+            if g.reason == StopReason::MaxTokens {
+                finish(job, s, SlotStop::RepairFailed);
+                continue;
+            }
             if text.trim().is_empty() {
                 let stop = if ended && !s.lines.is_empty() {
                     SlotStop::Complete
@@ -423,6 +581,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         let stop = match s.state {
             State::Done(stop) => stop,
             _ => {
+                s.whole_tried = true;
                 finish(job, &mut s, SlotStop::RoundLimit);
                 SlotStop::RoundLimit
             }

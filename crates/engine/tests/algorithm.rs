@@ -382,11 +382,49 @@ fn line_and_token_caps_stop_a_slot() {
         .with_generate(|_, _| "- whole line\n".into());
     let mut cfg = one_slot(config(0.7));
     cfg.draft_tokens = 4;
+    cfg.line_grace = 0;
     let r = run(cfg, d, t, Method::Speculative);
     assert_eq!(slot_texts(&r, 0), ["- whole line"]);
     assert_eq!(judge_calls(&r.target), 0);
     assert_eq!(r.out.trace.lines_failed_checks, 1);
     assert_eq!(r.out.trace.drafter_tokens, 4 + 1);
+}
+
+#[test]
+fn a_draft_cut_by_its_budget_finishes_its_line_in_the_grace() {
+    // The 10-word line runs past draft_tokens = 4; the grace lets the drafter finish it (and
+    // only it), so it is judged whole instead of going to repair.
+    let d = Scripted::new("d").with_generate(|_, p| match accepted_in(p).len() {
+        0 => "- a b c d e f g h i
+- next line here
+"
+        .into(),
+        _ => String::new(),
+    });
+    let t = Scripted::new("t")
+        .with_judge(|_, _| yes(0.9))
+        .with_generate(|_, _| {
+            "- whole line
+"
+            .into()
+        });
+    let mut cfg = one_slot(config(0.7));
+    cfg.draft_tokens = 4;
+    cfg.line_grace = 16;
+    let r = run(cfg, d, t, Method::Speculative);
+    assert_eq!(slot_texts(&r, 0)[0], "- a b c d e f g h i");
+    assert_eq!(r.out.trace.lines_failed_checks, 0);
+    let first = &r.drafter.calls()[0];
+    assert_eq!(
+        first.kind,
+        RequestKind::Generate {
+            max_tokens: 4,
+            stop_at_newline: false
+        }
+    );
+    // The first call ended at the end of that line: 10 tokens, not the second line's.
+    let out = r.out.trace.drafter_tokens;
+    assert!(out >= 10, "{out}");
 }
 
 #[test]
@@ -547,7 +585,9 @@ fn a_history_over_the_context_is_an_error_or_a_marked_middle_cut() {
         .collect();
     let h = parse_value(&serde_json::Value::Array(msgs)).unwrap();
     let small = || Scripted::new("t").with_context(1200);
-    let c = Compactor::new(Arc::new(Scripted::new("d")), Arc::new(small()), config(0.7)).unwrap();
+    let mut cfg = config(0.7);
+    cfg.overflow = speccompact_engine::Overflow::Error;
+    let c = Compactor::new(Arc::new(Scripted::new("d")), Arc::new(small()), cfg).unwrap();
     let e = c
         .compact_blocking(&h, Method::Speculative, &mut |_| {})
         .unwrap_err();

@@ -136,6 +136,7 @@ pub fn answer<B: Backend>(
                     max_tokens: p.reader_max_tokens,
                     stop_at_newline: true,
                 },
+                lines: Default::default(),
             })
             .collect();
         for r in b.run(&mut session, &reqs)? {
@@ -207,6 +208,7 @@ pub fn judge<B: Backend>(
                     format!("{}{}", asks[i].question, f.user_to_assistant),
                 ],
                 kind: RequestKind::Judge { top_k: cfg.top_k },
+                lines: Default::default(),
             })
             .collect();
         for (&(_, i), r) in batch.iter().zip(b.run(&mut session, &reqs)?) {

@@ -270,6 +270,10 @@ pub fn evaluate<B: Backend + 'static>(
         for &m in &opts.methods {
             let EvalMethod::Engine(em) = m else { continue };
             progress(si, m.as_str());
+            // Every method starts cold: nothing of another method's prefill is reused.
+            if let Some(sid) = &s.history.id {
+                c.forget(sid)?;
+            }
             let t0 = Instant::now();
             let (mut rejected, mut accepted) = (Vec::new(), Vec::new());
             let r = c.compact_blocking(&s.history, em, &mut |e: &Event| match e {

@@ -78,6 +78,29 @@ impl Prefix {
         self.layers.iter().map(LayerKv::bytes).sum()
     }
 
+    /// The first `len` positions of this prefix as a prefix of their own (views of the same
+    /// storage, nothing copied); `len` equal to the length returns this prefix.
+    pub fn truncated(self: &Arc<Self>, len: usize) -> Result<Arc<Prefix>> {
+        if len == self.len() {
+            return Ok(Arc::clone(self));
+        }
+        if len == 0 || len > self.len() {
+            return Err(Error::InvalidRequest(format!(
+                "cannot cut a prefix of {} positions to {len}",
+                self.len()
+            )));
+        }
+        Ok(Arc::new(Prefix {
+            id: NEXT_PREFIX_ID.fetch_add(1, Ordering::Relaxed),
+            tokens: self.tokens[..len].to_vec(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.narrow(len))
+                .collect::<Result<_>>()?,
+        }))
+    }
+
     /// Starts a new sequence on this prefix, with an empty suffix. O(1): nothing is copied.
     pub fn fork(self: &Arc<Self>) -> Sequence {
         Sequence {
@@ -339,5 +362,26 @@ mod tests {
         assert_eq!(k[0][2][0], 1.0);
         assert_eq!(k[0][3][0], 2.0);
         assert!(Sequence::new(2).freeze().is_err());
+    }
+
+    #[test]
+    fn truncated_prefix_keeps_the_first_positions() {
+        let mut s = seq_with(3);
+        for l in 0..2 {
+            let (k, v) = kv(2, 2.0);
+            s.append_layer(l, k, v).unwrap();
+        }
+        s.push_tokens(&[1, 2]);
+        let p = s.freeze().unwrap();
+        let t = p.truncated(4).unwrap();
+        assert_eq!(t.tokens(), &[7, 7, 7, 1]);
+        assert_ne!(t.id(), p.id());
+        assert_eq!(t.layer(1).unwrap().k.dims(), &[2, 4, 4]);
+        assert_eq!(
+            t.layer(0).unwrap().v.to_vec3::<f32>().unwrap()[1][3][0],
+            2.0
+        );
+        assert!(Arc::ptr_eq(&p.truncated(5).unwrap(), &p));
+        assert!(p.truncated(0).is_err() && p.truncated(6).is_err());
     }
 }

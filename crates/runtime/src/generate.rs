@@ -1,5 +1,6 @@
-//! Greedy continuation of many rows at once, with stop rules (stop tokens, token budget,
-//! first token whose text contains a newline).
+//! Greedy continuation of many rows at once, with stop rules (stop tokens, token budget with
+//! an optional grace to finish the current line, first token whose text contains a newline,
+//! a caller's verdict on each completed line) and tokens masked at chosen line states.
 
 use crate::cache::Sequence;
 use crate::decoder::{argmax, Decoder, LogitsAt, Row};
@@ -17,6 +18,31 @@ pub struct StopRules {
     /// End a row at the first token whose text contains `\n`; the text before the newline
     /// in that token is kept.
     pub stop_at_newline: bool,
+    /// Extra tokens a row may take past `max_new_tokens` to finish the line it is in (the
+    /// row then ends at that line's newline); 0 ends it at the budget.
+    pub line_grace: usize,
+    /// Tokens never generated while the current line's text (after the last newline; the
+    /// prompt is taken to end at a line start) equals a mask's `line`.
+    pub line_masks: Vec<LineMask>,
+}
+
+/// Tokens banned while the current line reads exactly `line` (e.g. `#`-tokens at a line
+/// start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineMask {
+    /// The current line's text at which the mask applies ("" = a line start).
+    pub line: String,
+    /// Banned token ids.
+    pub banned: Vec<u32>,
+}
+
+/// What the caller says of a line a row has just completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineVerdict {
+    /// Keep generating.
+    Continue,
+    /// End the row after this line (its text ends with the line and its newline).
+    Stop,
 }
 
 impl StopRules {
@@ -26,6 +52,19 @@ impl StopRules {
             max_new_tokens,
             stop_tokens: tok.eos_tokens().to_vec(),
             stop_at_newline: false,
+            line_grace: 0,
+            line_masks: Vec::new(),
+        }
+    }
+
+    /// One forward and no generated token: a scoring request.
+    pub fn score() -> Self {
+        Self {
+            max_new_tokens: 1,
+            stop_tokens: Vec::new(),
+            stop_at_newline: false,
+            line_grace: 0,
+            line_masks: Vec::new(),
         }
     }
 
@@ -48,6 +87,8 @@ pub enum StopReason {
     Newline,
     /// The model's context is full.
     Context,
+    /// The caller's line verdict ended the row after a completed line.
+    LineRejected,
 }
 
 /// The result of one row.
@@ -89,7 +130,24 @@ pub fn greedy_rows(
     seqs: &mut [&mut Sequence],
     prompts: &[&[u32]],
     rules: &[StopRules],
+    first: impl FnMut(usize, &Tensor) -> Result<()>,
+) -> Result<Vec<Continuation>> {
+    greedy_rows_gated(decoder, tok, seqs, prompts, rules, first, |_, _| {
+        LineVerdict::Continue
+    })
+}
+
+/// [`greedy_rows`] that also asks `on_line(i, line)` about every line row `i` completes (the
+/// line without its newline); [`LineVerdict::Stop`] ends the row there with
+/// [`StopReason::LineRejected`].
+pub fn greedy_rows_gated(
+    decoder: &Decoder,
+    tok: &Tokenizer,
+    seqs: &mut [&mut Sequence],
+    prompts: &[&[u32]],
+    rules: &[StopRules],
     mut first: impl FnMut(usize, &Tensor) -> Result<()>,
+    mut on_line: impl FnMut(usize, &str) -> LineVerdict,
 ) -> Result<Vec<Continuation>> {
     if seqs.len() != prompts.len() || seqs.len() != rules.len() {
         return Err(Error::InvalidRequest(format!(
@@ -104,6 +162,8 @@ pub fn greedy_rows(
     let mut gen: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut done: Vec<Option<(StopReason, Option<u32>, String)>> = vec![None; n];
     let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    // Lines of each row already shown to `on_line`.
+    let mut judged_lines: Vec<usize> = vec![0; n];
     for (d, r) in done.iter_mut().zip(rules) {
         if r.max_new_tokens == 0 {
             *d = Some((StopReason::MaxTokens, None, String::new()));
@@ -150,12 +210,22 @@ pub fn greedy_rows(
             if gen[i].is_empty() {
                 first(i, l)?;
             }
-            let t = argmax(l)?;
+            let t = if rules.line_masks.is_empty() {
+                argmax(l)?
+            } else {
+                let text = tok.decode(&gen[i])?;
+                let line = text.rsplit('\n').next().unwrap_or("");
+                match rules.line_masks.iter().find(|m| m.line == line) {
+                    Some(m) => masked_argmax(l, &m.banned)?,
+                    None => argmax(l)?,
+                }
+            };
             if rules.stop_tokens.contains(&t) {
                 done[i] = Some((StopReason::StopToken, Some(t), tok.decode(&gen[i])?));
                 continue;
             }
-            if rules.stop_at_newline && tok.has_newline(t) {
+            let newline = tok.has_newline(t);
+            if rules.stop_at_newline && newline {
                 let mut with = gen[i].clone();
                 with.push(t);
                 let full = tok.decode(&with)?;
@@ -164,9 +234,42 @@ pub fn greedy_rows(
                 continue;
             }
             gen[i].push(t);
+            if newline {
+                let full = tok.decode(&gen[i])?;
+                let lines: Vec<&str> = full.split('\n').collect();
+                let complete = lines.len() - 1;
+                let mut stopped = None;
+                for (k, line) in lines
+                    .iter()
+                    .enumerate()
+                    .take(complete)
+                    .skip(judged_lines[i])
+                {
+                    if on_line(i, line) == LineVerdict::Stop {
+                        stopped = Some(k);
+                        break;
+                    }
+                }
+                judged_lines[i] = complete;
+                if let Some(k) = stopped {
+                    let mut text = lines[..=k].join("\n");
+                    text.push('\n');
+                    done[i] = Some((StopReason::LineRejected, None, text));
+                    continue;
+                }
+                // Past the budget, a line finished in the grace ends the row.
+                if gen[i].len() >= rules.max_new_tokens {
+                    done[i] = Some((StopReason::MaxTokens, None, full));
+                    continue;
+                }
+            }
             if gen[i].len() >= rules.max_new_tokens {
-                done[i] = Some((StopReason::MaxTokens, None, tok.decode(&gen[i])?));
-                continue;
+                let over = gen[i].len() - rules.max_new_tokens;
+                let mid_line = rules.line_grace > over && !tok.decode(&gen[i])?.ends_with('\n');
+                if !mid_line {
+                    done[i] = Some((StopReason::MaxTokens, None, tok.decode(&gen[i])?));
+                    continue;
+                }
             }
             next[i] = vec![t];
         }
@@ -177,7 +280,9 @@ pub fn greedy_rows(
             d.ok_or_else(|| Error::InvalidRequest("row did not finish".into()))?;
         let tokens = std::mem::take(&mut gen[i]);
         let cached = match reason {
-            StopReason::MaxTokens | StopReason::Context => tokens.len().saturating_sub(1),
+            StopReason::MaxTokens | StopReason::Context | StopReason::LineRejected => {
+                tokens.len().saturating_sub(1)
+            }
             _ => tokens.len(),
         };
         out.push(Continuation {
@@ -189,4 +294,24 @@ pub fn greedy_rows(
         });
     }
     Ok(out)
+}
+
+/// The most likely token of `logits` outside `banned` (sorted ascending).
+fn masked_argmax(logits: &Tensor, banned: &[u32]) -> Result<u32> {
+    let v: Vec<f32> = logits
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &x) in v.iter().enumerate() {
+        let id = i as u32;
+        if banned.binary_search(&id).is_ok() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((id, x));
+        }
+    }
+    best.map(|(i, _)| i)
+        .ok_or_else(|| Error::InvalidRequest("every token is masked".into()))
 }

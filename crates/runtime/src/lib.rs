@@ -24,7 +24,10 @@ pub use config::{Activation, Architecture, ModelConfig, RopeStyle};
 pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Row};
 pub use device::{parse_device, set_threads, threads};
 pub use error::{Error, Result};
-pub use generate::{greedy, greedy_rows, Continuation, StopReason, StopRules};
+pub use generate::{
+    greedy, greedy_rows, greedy_rows_gated, Continuation, LineMask, LineVerdict, StopReason,
+    StopRules,
+};
 pub use linear::{DenseDecision, DenseMode};
 pub use model::{read_gguf, Model};
 pub use settings::RuntimeSettings;

@@ -34,6 +34,7 @@ pub struct Tokenizer {
     bos: Option<u32>,
     add_bos: bool,
     newline: OnceLock<Vec<bool>>,
+    hash_start: OnceLock<Vec<u32>>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> Error {
@@ -68,6 +69,7 @@ impl Tokenizer {
             bos,
             add_bos,
             newline: OnceLock::new(),
+            hash_start: OnceLock::new(),
         }
     }
 
@@ -180,6 +182,20 @@ impl Tokenizer {
                 .collect()
         });
         table.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Tokens whose decoded text starts with `#` after optional spaces (markdown heading
+    /// openers), ascending (table built on first use).
+    pub fn hash_tokens(&self) -> &[u32] {
+        self.hash_start.get_or_init(|| {
+            (0..self.inner.get_vocab_size(true) as u32)
+                .filter(|&t| {
+                    self.inner
+                        .decode(&[t], false)
+                        .is_ok_and(|s| s.trim_start_matches(' ').starts_with('#'))
+                })
+                .collect()
+        })
     }
 
     /// The underlying `tokenizers` tokenizer.

@@ -92,6 +92,20 @@ impl<B: Backend + 'static> Summarizer for EngineSummarizer<B> {
     }
 }
 
+/// The compactor's session cache holds prefilled history text: a deletion drops all of it
+/// (register the summarizer with `Workspace::register_cache`).
+impl<B: Backend + 'static> EventCache for EngineSummarizer<B> {
+    fn evict(&self, _events: &[i64]) -> usize {
+        self.compactor.forget_all().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "could not clear the compactor's session cache");
+            0
+        })
+    }
+    fn holds(&self, _event: i64) -> bool {
+        self.compactor.cached().is_ok_and(|(n, _)| n > 0)
+    }
+}
+
 /// Judges whether a candidate record is stated by its source event: r in [0, 1].
 pub trait CandidateJudge: Send + Sync {
     /// The score of `draft` against `event`.
@@ -161,6 +175,7 @@ impl<B: Backend> CandidateJudge for ModelJudge<B> {
                     kind: RequestKind::Judge {
                         top_k: self.config.top_k,
                     },
+                    lines: Default::default(),
                 }],
             )
             .map_err(|e| Error::Summarizer(e.to_string()))?;
