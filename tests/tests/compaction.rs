@@ -391,10 +391,15 @@ fn real_pair_recompaction_of_a_grown_session_prefills_only_the_new_messages() {
         id: None,
         messages: h.messages[h.messages.len() - 4..].to_vec(),
     };
+    // The schema after the history is computed again too.
+    let f = c.target().format();
+    let marked = speccompact_engine::prompt::prefix(f, c.config(), "\u{E001}");
+    let tail = marked.split_once('\u{E001}').unwrap().1;
     let new_tokens = c
         .target()
         .count_tokens(&speccompact_history::render(&new_msgs, &Default::default()))
-        .unwrap();
+        .unwrap()
+        + c.target().count_tokens(tail).unwrap();
     eprintln!(
         "first {:.1} s, second {:.1} s; target computed {} of {} (new messages {new_tokens})",
         r.first.wall_ms / 1e3,

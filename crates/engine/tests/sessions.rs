@@ -199,12 +199,15 @@ fn a_grown_session_prefills_only_its_new_messages_and_forget_drops_it() {
     let b = c
         .compact_blocking(&grown, Method::Speculative, &mut |_| {})
         .unwrap();
-    // New tokens: the last 4 messages and the record's closing line, nothing else.
+    // New tokens: the last 4 messages and what follows the record, nothing else.
     let new_messages = History {
         id: None,
         messages: grown.messages[36..].to_vec(),
     };
-    let new_words = word_tokens(&render(&new_messages, &RenderOptions::default())).len();
+    // The schema after the history is computed again too.
+    let marked = prompt::prefix(&prompt::ChatFormat::plain(), &cfg, "\u{E001}");
+    let tail = word_tokens(marked.split_once('\u{E001}').unwrap().1).len();
+    let new_words = word_tokens(&render(&new_messages, &RenderOptions::default())).len() + tail;
     for (who, tokens, reused) in [
         (
             "target",
