@@ -10,8 +10,9 @@
 //! the texts every model sees), `backend` (the [`Backend`] seam: batched generation and
 //! scoring after a shared prefix), `model_backend` (the runtime behind it), `scripted` (a
 //! backend whose outputs a test chooses), `judge` (label scoring), `lines` (line checks),
-//! `speculative` (the slot streams), `baselines`, `compactor` (the public API and the
-//! result types), `bench` (methods compared end to end), `calibrate` (the verifier's line set,
+//! `speculative` (the slot streams), `baselines`, `session_cache` (prefixes kept across
+//! compactions), `compactor` (the public API; stages and the drafter's slot views in
+//! `compactor/long_history.rs`), `outcome` (the result types), `bench` (methods compared end to end), `calibrate` (the verifier's line set,
 //! scores and calibrated η).
 
 pub mod backend;
@@ -24,6 +25,7 @@ mod error;
 pub mod judge;
 pub mod lines;
 pub mod model_backend;
+pub mod outcome;
 pub mod prompt;
 pub mod scripted;
 pub mod session_cache;
