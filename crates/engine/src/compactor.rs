@@ -188,8 +188,8 @@ impl<B: Backend + 'static> Compactor<B> {
         Ok(p)
     }
 
-    /// Whether the whole history fits the target for `method`.
-    fn fits_target(&self, history: &History, method: Method) -> Result<bool> {
+    /// The target's prefix tokens for the whole history and the most `method` allows.
+    fn target_tokens(&self, history: &History, method: Method) -> Result<(usize, usize)> {
         let cfg = &self.inner.config;
         let t = &self.inner.target;
         let text = render(
@@ -200,7 +200,16 @@ impl<B: Backend + 'static> Compactor<B> {
             },
         );
         let tokens = t.count_tokens(&prompt::prefix(t.format(), cfg, &text))?;
-        Ok(tokens <= t.context_length().saturating_sub(reserve(cfg, method)))
+        Ok((
+            tokens,
+            t.context_length().saturating_sub(reserve(cfg, method)),
+        ))
+    }
+
+    /// Whether the whole history fits the target for `method`.
+    fn fits_target(&self, history: &History, method: Method) -> Result<bool> {
+        let (tokens, limit) = self.target_tokens(history, method)?;
+        Ok(tokens <= limit)
     }
 
     /// The settings.

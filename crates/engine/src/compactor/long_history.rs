@@ -5,7 +5,7 @@ use super::{reserve, Compactor};
 use crate::outcome::{Compaction, Event, Method, Stage};
 use crate::session_cache::Role;
 use crate::{prompt, Backend, DrafterView, Error, Result};
-use speccompact_history::{render, slot_view, History, Message, RenderOptions, ViewOptions};
+use speccompact_history::{slot_view, History, Message, RenderOptions, ViewOptions};
 use std::time::Instant;
 
 impl<B: Backend + 'static> Compactor<B> {
@@ -101,20 +101,12 @@ impl<B: Backend + 'static> Compactor<B> {
 
     /// The context error for a history that cannot be split into stages.
     pub(super) fn too_long_error(&self, history: &History, method: Method) -> Result<Error> {
-        let cfg = &self.inner.config;
+        let (tokens, limit) = self.target_tokens(history, method)?;
         let t = &self.inner.target;
-        let text = render(
-            history,
-            &RenderOptions {
-                tool_result_cap: cfg.tool_result_cap,
-                omit: None,
-            },
-        );
-        let tokens = t.count_tokens(&prompt::prefix(t.format(), cfg, &text))?;
         Ok(Error::HistoryTooLong {
             model: t.name().to_string(),
             tokens,
-            limit: t.context_length().saturating_sub(reserve(cfg, method)),
+            limit,
             context: t.context_length(),
         })
     }
