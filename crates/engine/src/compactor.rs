@@ -316,13 +316,16 @@ impl<B: Backend + 'static> Compactor<B> {
         if history.messages.is_empty() {
             return Err(speccompact_history::HistoryError::Empty.into());
         }
-        if self.inner.config.overflow == Overflow::Stages
-            && method.uses_target()
-            && !self.fits_target(history, method)?
-        {
-            return self.compact_in_stages(history, method, on_event, 1);
+        // The fit is checked once, by `transcript` before any model work: a history that is
+        // too long for the target fails there and goes to stages.
+        match self.compact_once(history, method, on_event) {
+            Err(Error::HistoryTooLong { .. })
+                if self.inner.config.overflow == Overflow::Stages && method.uses_target() =>
+            {
+                self.compact_in_stages(history, method, on_event, 1)
+            }
+            r => r,
         }
-        self.compact_once(history, method, on_event)
     }
 
     /// One compaction of a history that fits the target.
