@@ -206,7 +206,7 @@ fn batched_equals_one_by_one(dev: &Device) -> R<()> {
                             seq: &mut s,
                             tokens: &st.2,
                         }],
-                        at,
+                        at.clone(),
                     )?
                     .remove(0),
                 );
@@ -220,7 +220,7 @@ fn batched_equals_one_by_one(dev: &Device) -> R<()> {
                     tokens: &st.2,
                 })
                 .collect();
-            let batched = d.forward(&mut rows, at)?;
+            let batched = d.forward(&mut rows, at.clone())?;
             for (i, (a, b)) in singles.iter().zip(&batched).enumerate() {
                 assert_eq!(a.dims(), b.dims());
                 let diff = max_diff(a, b)?;
@@ -494,4 +494,115 @@ fn generation_masks_line_starts_and_finishes_lines_in_the_grace() {
         assert_eq!(out.reason, StopReason::MaxTokens);
         assert_eq!(seq.len(), prompt.len() + out.cached);
     }
+}
+
+/// Token scores of a verification come from the same forward as its judgment and equal a
+/// full recompute (log-softmax of the all-position logits, rank, argmax) within 1e-4; a
+/// generating row in the same batch is unaffected; the backend's line tokens concatenate to
+/// the line.
+#[test]
+fn verification_scores_equal_a_full_recompute() {
+    use candle_core::D;
+    use speccompact_engine::backend::{Backend, Request, RequestKind, Response};
+    use speccompact_runtime::{greedy_rows, StopRules};
+    let dir = tempfile::tempdir().unwrap();
+    let b = speccompact_tests::tiny_backend(Architecture::Qwen2, 7, dir.path(), 64);
+    let m = b.model();
+    let d = &m.decoder;
+    let toks = tokens(24, d.config().vocab_size, 5);
+    // Reference: every position's logits of the whole prompt.
+    let mut full = d.new_sequence();
+    let all = d
+        .forward(
+            &mut [Row {
+                seq: &mut full,
+                tokens: &toks,
+            }],
+            LogitsAt::All,
+        )
+        .unwrap()
+        .remove(0);
+    let logp = candle_nn::ops::log_softmax(&all, D::Minus1).unwrap();
+    let span = 10..18;
+    let mut a = d.new_sequence();
+    let mut g = d.new_sequence();
+    let mut gen_alone = d.new_sequence();
+    let mut rules_gen = StopRules::new(&m.tokenizer, 4);
+    rules_gen.stop_tokens.clear();
+    let out = greedy_rows(
+        d,
+        &m.tokenizer,
+        &mut [&mut a, &mut g],
+        &[&toks, &toks[..7]],
+        &[StopRules::score_tokens(span.clone()), rules_gen.clone()],
+        |_, _| Ok(()),
+    )
+    .unwrap();
+    let alone = greedy_rows(
+        d,
+        &m.tokenizer,
+        &mut [&mut gen_alone],
+        &[&toks[..7]],
+        &[rules_gen],
+        |_, _| Ok(()),
+    )
+    .unwrap();
+    assert_eq!(out[1].tokens, alone[0].tokens);
+    let sc = &out[0].scores;
+    assert_eq!(sc.len(), span.len());
+    for (k, s) in sc.iter().enumerate() {
+        let pos = span.start + k - 1;
+        let row: Vec<f32> = all.get(pos).unwrap().to_vec1().unwrap();
+        let lp: Vec<f32> = logp.get(pos).unwrap().to_vec1().unwrap();
+        let t = toks[span.start + k];
+        assert_eq!(s.token, t);
+        assert!((s.logprob - lp[t as usize]).abs() < 1e-4, "{k}: {} vs {}", s.logprob, lp[t as usize]);
+        let rank = row.iter().filter(|&&x| x > row[t as usize]).count() as u32;
+        assert!(s.rank.abs_diff(rank) <= 1, "{k}: rank {} vs {rank}", s.rank);
+        let best = row
+            .iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0 as u32;
+        assert_eq!(s.greedy, best);
+    }
+    // A span that starts at the prompt's first token has no position before it.
+    let mut e = d.new_sequence();
+    assert!(greedy_rows(
+        d,
+        &m.tokenizer,
+        &mut [&mut e],
+        &[&toks],
+        &[StopRules::score_tokens(0..3)],
+        |_, _| Ok(()),
+    )
+    .is_err());
+
+    // Through the backend: the verified segment's tokens, rated, read back as the line.
+    let mut sess = b.open("<record>hello world</record>\n").unwrap();
+    let line = "- fix upload.py: attempt < MAX_RETRIES é\n";
+    for round in 0..2 {
+        let req = Request {
+            stream: 0,
+            prompt: vec!["## Goal\n".into(), line.into(), "Supported?".into()],
+            kind: RequestKind::Verify { top_k: 5, line: 1 },
+            lines: Default::default(),
+        };
+        let Response::Verified(v) = b.run(&mut sess, &[req]).unwrap().remove(0) else {
+            panic!("not a verification");
+        };
+        assert_eq!(v.top.len(), 5, "round {round}");
+        let text: String = v.line.iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(text, line, "round {round}");
+        assert!(v.line.iter().all(|t| t.logprob <= 0.0));
+    }
+    let bad = Request {
+        stream: 0,
+        prompt: vec!["x".into()],
+        kind: RequestKind::Verify { top_k: 5, line: 0 },
+        lines: Default::default(),
+    };
+    let e = b.run(&mut sess, &[bad]).unwrap_err().to_string();
+    assert!(e.contains("verified segment"), "{e}");
 }

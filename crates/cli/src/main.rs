@@ -257,9 +257,9 @@ enum Cmd {
         /// Target model: store name or path.
         #[arg(long)]
         target: String,
-        /// Session files (JSONL with `messages` and `probes`); sessions are taken from the
-        /// first file, then the shortest tool-use/coding sessions of the next ones.
-        #[arg(long, value_delimiter = ',', default_values_t = vec!["../shared/evaldata/dev/smoke.jsonl".to_string(), "../shared/evaldata/dev/sessions.jsonl".to_string()])]
+        /// Session files (JSONL with `messages` and `probes`); the shortest tool-use/coding
+        /// sessions are taken, file by file.
+        #[arg(long, value_delimiter = ',', default_values_t = vec!["../shared/evaldata/dev/sessions.jsonl".to_string()])]
         data: Vec<String>,
         /// Bench JSON reports whose `sequential` runs give target-written summary lines.
         #[arg(long, value_delimiter = ',')]
@@ -273,6 +273,9 @@ enum Cmd {
         /// Judgment variants file (default configs/judge-variants.toml, built in).
         #[arg(long)]
         variants: Option<PathBuf>,
+        /// Only these variants (by name).
+        #[arg(long, value_delimiter = ',')]
+        variant: Vec<String>,
         /// Calibration file to update with this target's entry.
         #[arg(long, default_value = "configs/calibration.toml")]
         out: PathBuf,
@@ -560,8 +563,8 @@ fn main() -> Result<()> {
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
-        Cmd::Calibrate { target, data, summaries, sessions, per_session, variants, out, table, json } => {
-            calibrate_cmd(&cli, &store, target, data, summaries, *sessions, *per_session, variants.as_deref(), out, table.as_deref(), json.as_deref())?;
+        Cmd::Calibrate { target, data, summaries, sessions, per_session, variants, variant, out, table, json } => {
+            calibrate_cmd(&cli, &store, target, data, summaries, *sessions, *per_session, variants.as_deref(), variant, out, table.as_deref(), json.as_deref())?;
         }
         Cmd::Models { cmd } => match cmd {
             ModelsCmd::List => {
@@ -753,6 +756,7 @@ fn calibrate_cmd(
     n_sessions: usize,
     per_session: usize,
     variants: Option<&std::path::Path>,
+    only: &[String],
     out: &std::path::Path,
     table: Option<&std::path::Path>,
     json: Option<&std::path::Path>,
@@ -768,17 +772,21 @@ fn calibrate_cmd(
         )?,
         None => builtin_variants()?,
     };
-    // Sessions: the first file whole, then the shortest tool-use / coding sessions.
-    let mut picked: Vec<speccompact_eval::EvalSession> = Vec::new();
-    for (fi, f) in data.iter().enumerate() {
-        let mut all = speccompact_eval::load_sessions(std::path::Path::new(f))?;
-        if fi > 0 {
-            all.retain(|s| {
-                matches!(s.kind.as_str(), "tool-use" | "coding")
-                    && !picked.iter().any(|p| p.id == s.id)
-            });
-            all.sort_by_key(|s| s.chars);
+    let mut variants = variants;
+    if !only.is_empty() {
+        variants.retain(|v| only.contains(&v.name));
+        if variants.is_empty() {
+            anyhow::bail!("no judgment variant named {}", only.join(", "));
         }
+    }
+    // Sessions: the shortest tool-use / coding sessions, file by file.
+    let mut picked: Vec<speccompact_eval::EvalSession> = Vec::new();
+    for f in data {
+        let mut all = speccompact_eval::load_sessions(std::path::Path::new(f))?;
+        all.retain(|s| {
+            matches!(s.kind.as_str(), "tool-use" | "coding") && !picked.iter().any(|p| p.id == s.id)
+        });
+        all.sort_by_key(|s| s.chars);
         for s in all {
             if picked.len() < n_sessions {
                 picked.push(s);
@@ -860,7 +868,7 @@ fn calibrate_cmd(
         ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} sessions ({elapsed})")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut scores: Vec<Vec<f32>> = vec![Vec::new(); set.len()];
+    let mut scores: Vec<Vec<speccompact_engine::verify::LineScores>> = vec![Vec::new(); set.len()];
     let t0 = Instant::now();
     for es in &picked {
         let h = &es.history;
@@ -898,13 +906,13 @@ fn calibrate_cmd(
             .iter()
             .zip(&scores)
             .filter(|(l, _)| l.positive())
-            .map(|(_, s)| s[vi])
+            .map(|(_, s)| s[vi].r)
             .collect();
         let neg: Vec<f32> = set
             .iter()
             .zip(&scores)
             .filter(|(l, _)| !l.positive())
-            .map(|(_, s)| s[vi])
+            .map(|(_, s)| s[vi].r)
             .collect();
         let a = auc(&pos, &neg);
         let (r, rule) = choose_eta(&pos, &neg);
@@ -920,6 +928,10 @@ fn calibrate_cmd(
             lines: set.len(),
             sessions: sources.len(),
             rule,
+            line_rule: None,
+            line_rule_auc: None,
+            line_rule_accept: None,
+            line_rule_false_accept: None,
         };
         per_variant
             .push(serde_json::json!({"variant": v.name, "auc": a, "chosen": r, "at_0_7": at7}));
@@ -927,8 +939,9 @@ fn calibrate_cmd(
             best = Some((a, e));
         }
     }
-    // By kind: mean r of the best variant.
-    if let Some((_, e)) = &best {
+    // By kind: mean r of the best variant; then the line rule over its scores.
+    let mut rule_report = None;
+    if let Some((_, e)) = &mut best {
         let vi = variants
             .iter()
             .position(|v| v.name == e.variant)
@@ -936,9 +949,23 @@ fn calibrate_cmd(
         let mut kinds: std::collections::BTreeMap<&str, (f32, usize)> = Default::default();
         for (l, s) in set.iter().zip(&scores) {
             let k = kinds.entry(l.kind.as_str()).or_default();
-            k.0 += s[vi];
+            k.0 += s[vi].r;
             k.1 += 1;
         }
+        let line_scores: Vec<_> = scores.iter().map(|s| s[vi]).collect();
+        let labels: Vec<bool> = set.iter().map(|l| l.positive()).collect();
+        let session: Vec<usize> = set
+            .iter()
+            .map(|l| sources.iter().position(|s| s.id == l.session).unwrap_or(0))
+            .collect();
+        let rep = speccompact_engine::calibrate::line_rule::calibrate_rule(&line_scores, &labels, &session, 5);
+        writeln!(md, "\nLine rule over the verification scores of variant `{}`:\n\n{}", e.variant, rep.markdown())?;
+        let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        e.line_rule = Some(rep.rule.clone());
+        e.line_rule_auc = Some(round(rep.candidates[rep.chosen].held_out_auc));
+        e.line_rule_accept = Some(round(rep.rates.accept));
+        e.line_rule_false_accept = Some(round(rep.rates.false_accept));
+        rule_report = Some(rep);
         writeln!(
             md,
             "\nMean r by line kind, variant `{}`: {}.",
@@ -960,11 +987,11 @@ fn calibrate_cmd(
         write_atomic(p, &md)?;
     }
     if let Some(p) = json {
-        let lines: Vec<serde_json::Value> = set.iter().zip(&scores).map(|(l, s)| serde_json::json!({"line": l, "r": variants.iter().map(|v| v.name.clone()).zip(s.iter().copied()).collect::<std::collections::BTreeMap<_, _>>()})).collect();
+        let lines: Vec<serde_json::Value> = set.iter().zip(&scores).map(|(l, s)| serde_json::json!({"line": l, "scores": variants.iter().map(|v| v.name.clone()).zip(s.iter().copied()).collect::<std::collections::BTreeMap<_, _>>()})).collect();
         write_atomic(
             p,
             &serde_json::to_string_pretty(
-                &serde_json::json!({"target": target, "variants": per_variant, "lines": lines}),
+                &serde_json::json!({"target": target, "variants": per_variant, "line_rule": rule_report, "seconds": secs, "lines": lines}),
             )?,
         )?;
     }

@@ -70,6 +70,14 @@ pub enum RequestKind {
         /// Candidates returned.
         top_k: usize,
     },
+    /// One forward like [`RequestKind::Judge`], also rating every token of the prompt segment
+    /// `line` (a proposed line) under the model: the verification of a drafted line.
+    Verify {
+        /// Candidates returned for the token after the prompt.
+        top_k: usize,
+        /// Index of the scored segment in [`Request::prompt`] (1 or later).
+        line: usize,
+    },
     /// Greedy generation.
     Generate {
         /// Most new tokens.
@@ -104,13 +112,48 @@ pub struct Generated {
     pub reason: StopReason,
 }
 
+/// How the model rates one token of a verified line.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LineToken {
+    /// The token's text (the line's text is the concatenation of its tokens' texts).
+    pub text: String,
+    /// Its log-probability given everything before it.
+    pub logprob: f32,
+    /// Tokens the model rates higher (0: the model's own greedy choice).
+    pub rank: u32,
+}
+
+/// Output of a verification request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    /// Next-token candidates after the prompt, most likely first.
+    pub top: Vec<(String, f32)>,
+    /// The scored line's tokens, in order.
+    pub line: Vec<LineToken>,
+}
+
 /// Output of one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Response {
     /// Next-token candidates, most likely first: (token text, probability).
     Judged(Vec<(String, f32)>),
+    /// A verified line.
+    Verified(Verified),
     /// Generated text.
     Generated(Generated),
+}
+
+impl Response {
+    /// The generation, or an error naming `backend` when the response is of another kind.
+    pub fn into_generated(self, backend: &str) -> Result<Generated> {
+        match self {
+            Response::Generated(g) => Ok(g),
+            _ => Err(crate::Error::Backend {
+                backend: backend.to_string(),
+                reason: "answered a generation request with a judgment".into(),
+            }),
+        }
+    }
 }
 
 /// A model behind the compaction algorithms.

@@ -12,19 +12,12 @@ use speccompact_runtime::StopReason;
 /// A generation's text and tokens; a last line cut by the token budget is dropped (a line is
 /// never kept cut).
 fn text_of(resp: Response, who: &str) -> Result<(String, usize)> {
-    match resp {
-        Response::Generated(g) => {
-            let mut text = g.text;
-            if g.reason == StopReason::MaxTokens {
-                text.truncate(text.rfind('\n').unwrap_or(0));
-            }
-            Ok((text, g.tokens))
-        }
-        Response::Judged(_) => Err(Error::Backend {
-            backend: who.to_string(),
-            reason: "answered a generation request with a judgment".into(),
-        }),
+    let g = resp.into_generated(who)?;
+    let mut text = g.text;
+    if g.reason == StopReason::MaxTokens {
+        text.truncate(text.rfind('\n').unwrap_or(0));
     }
+    Ok((text, g.tokens))
 }
 
 /// Keeps a slot's lines under the same checks and caps as the speculative method, with no

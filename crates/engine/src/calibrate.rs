@@ -18,6 +18,9 @@ use crate::backend::{Backend, Request, RequestKind, Response};
 use crate::compactor::{Compactor, Method};
 use crate::config::CompactionConfig;
 use crate::judge::score;
+use crate::verify::{Divergence, LineScores};
+
+pub mod line_rule;
 use crate::{prompt, Error, Result};
 use serde::{Deserialize, Serialize};
 use speccompact_history::History;
@@ -107,6 +110,18 @@ pub struct Entry {
     pub sessions: usize,
     /// The rule that chose `eta`.
     pub rule: String,
+    /// The calibrated line rule over the verification scores (`verify = "calibrated"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line_rule: Option<crate::verify::LineRule>,
+    /// Held-out ROC AUC of the line rule (fitted on other sessions than each line's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line_rule_auc: Option<f64>,
+    /// Held-out accept rate of true lines at the rule's threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line_rule_accept: Option<f64>,
+    /// Held-out accept rate of false lines at the rule's threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line_rule_false_accept: Option<f64>,
 }
 
 /// Calibration entries by target model name.
@@ -178,10 +193,21 @@ impl CompactionConfig {
             "positive_labels",
             "negative_labels",
         ];
+        let mut variant_applied = false;
         if !judge_keys.iter().any(|k| self.is_explicit(k)) {
             if let Some(v) = variants.iter().find(|v| v.name == e.variant) {
                 v.apply(self);
+                variant_applied = true;
                 done.push(format!("judgment prompt `{}`", v.name));
+            }
+        }
+        // The line rule was fitted on the entry's judgment prompt; an η the user set asks for
+        // the ratio rule unless the user also chose the mode.
+        let eta_only = self.is_explicit("eta") && !self.is_explicit("verify");
+        if self.verify == crate::verify::Verify::Calibrated && variant_applied && !eta_only {
+            if let Some(rule) = &e.line_rule {
+                self.line_rule = Some(rule.clone());
+                done.push("line rule".into());
             }
         }
         (!done.is_empty()).then(|| format!("{}: {}", self.target, done.join(", ")))
@@ -571,16 +597,29 @@ pub fn summary_lines(cfg: &CompactionConfig, markdown: &str) -> Vec<(String, Str
 
 /// Scores every line under every variant with the target of `c`, as the engine judges: the
 /// shared prefix (instructions, history, schema; the variant's rule), the slot's request, the
-/// line, the variant's question. Returns r per line per variant.
+/// line, the variant's question, all scores of a line from that one forward. Returns the
+/// scores per line per variant.
 pub fn score_lines<B: Backend + 'static>(
     c: &Compactor<B>,
     history: &History,
     lines: &[&Labelled],
     variants: &[Variant],
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<Vec<Vec<LineScores>>> {
     let target = c.target();
     let (transcript, _) = c.transcript(history, Method::Sequential)?;
-    let mut out = vec![vec![0.0f32; variants.len()]; lines.len()];
+    let div = Divergence {
+        rank: c.config().divergence_rank,
+        floor: c.config().divergence_floor,
+    };
+    let none = LineScores {
+        r: 0.0,
+        mean_logprob: 0.0,
+        min_logprob: 0.0,
+        greedy_fraction: 0.0,
+        tokens: 0,
+        divergence: None,
+    };
+    let mut out = vec![vec![none; variants.len()]; lines.len()];
     // Variants sharing a rule share the prefill.
     let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
     for (i, v) in variants.iter().enumerate() {
@@ -627,22 +666,26 @@ pub fn score_lines<B: Backend + 'static>(
                             format!("{}\n", lines[li].text),
                             prompt::judge_question(target.format(), &vc),
                         ],
-                        kind: RequestKind::Judge { top_k: cfg.top_k },
+                        kind: RequestKind::Verify {
+                            top_k: cfg.top_k,
+                            line: 1,
+                        },
                         lines: Default::default(),
                     }
                 })
                 .collect();
             let resp = target.run(&mut session, &reqs)?;
             for (&(li, vi, _), r) in batch.iter().zip(resp) {
-                let Response::Judged(top) = r else {
+                let Response::Verified(v) = r else {
                     return Err(Error::Backend {
                         backend: target.name().into(),
-                        reason: "a judgment request returned a generation".into(),
+                        reason: "a verification request returned something else".into(),
                     });
                 };
                 let mut vc = cfg.clone();
                 variants[vi].apply(&mut vc);
-                out[li][vi] = score(&top, &vc.positive_labels, &vc.negative_labels).r;
+                let j = score(&v.top, &vc.positive_labels, &vc.negative_labels);
+                out[li][vi] = LineScores::new(&j, &v.line, &div);
             }
         }
     }

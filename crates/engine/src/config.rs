@@ -123,8 +123,19 @@ pub struct CompactionConfig {
     pub overflow: Overflow,
     /// Drafter/target overlap.
     pub overlap: Overlap,
-    /// Whether the target's calibration entry (η, judgment prompt) applies to unset keys.
+    /// Whether the target's calibration entry (η, judgment prompt, line rule) applies to
+    /// unset keys.
     pub calibrated: bool,
+    /// How drafted lines are verified.
+    pub verify: crate::verify::Verify,
+    /// A line token diverges from the target when the target ranks this many tokens above
+    /// it (1: anything but its greedy token) ...
+    pub divergence_rank: u32,
+    /// ... or gives it less than this probability.
+    pub divergence_floor: f32,
+    /// The calibrated line rule in force (set from the target's calibration entry).
+    #[serde(skip)]
+    pub line_rule: Option<crate::verify::LineRule>,
     /// Keys the user set (file or flags): calibration never overrides them.
     #[serde(skip)]
     pub explicit: Vec<String>,
@@ -222,8 +233,18 @@ impl CompactionConfig {
                 format!("eta must be in (0, 1], not {}", self.eta),
             ));
         }
+        if !(0.0..1.0).contains(&self.divergence_floor) {
+            return Err(config_err(
+                origin,
+                format!(
+                    "divergence_floor must be in [0, 1), not {}",
+                    self.divergence_floor
+                ),
+            ));
+        }
         for (key, v) in [
             ("top_k", self.top_k),
+            ("divergence_rank", self.divergence_rank as usize),
             ("draft_tokens", self.draft_tokens),
             ("repair_tokens", self.repair_tokens),
             ("max_line_chars", self.max_line_chars),

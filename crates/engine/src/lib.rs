@@ -30,6 +30,7 @@ pub mod prompt;
 pub mod scripted;
 pub mod session_cache;
 pub mod speculative;
+pub mod verify;
 
 pub use backend::{
     Backend, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response,

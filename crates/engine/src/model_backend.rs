@@ -1,12 +1,15 @@
 //! The runtime behind the [`Backend`] seam: one [`Model`] (shared between compactions), a
 //! session holding the frozen prefix and one forked sequence per stream.
 
-use crate::backend::{Backend, Generated, Prefilled, Request, RequestKind, Response};
+use crate::backend::{
+    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Verified,
+};
 use crate::prompt::ChatFormat;
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use speccompact_runtime::{
-    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopRules,
+    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopRules, TokenScore,
+    Tokenizer,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -126,6 +129,33 @@ fn top_k(logits: &candle_core::Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
         .collect())
 }
 
+/// Scored tokens with their texts: each token's text is what it adds to the decoded text
+/// before it, so the texts concatenate to the line even across multi-byte characters.
+fn line_tokens(tok: &Tokenizer, scores: &[TokenScore]) -> Result<Vec<LineToken>> {
+    let ids: Vec<u32> = scores.iter().map(|s| s.token).collect();
+    let mut out = Vec::with_capacity(scores.len());
+    let mut before = String::new();
+    for (j, s) in scores.iter().enumerate() {
+        let upto = tok.decode(&ids[..=j])?;
+        // A token that ends inside a character adds nothing yet: its bytes count with the
+        // token that completes the character.
+        let pending = upto.ends_with('\u{FFFD}') && j + 1 < ids.len();
+        let text = match upto.strip_prefix(before.as_str()) {
+            Some(t) if !pending => t.to_string(),
+            _ => String::new(),
+        };
+        if !pending && upto.starts_with(before.as_str()) {
+            before = upto;
+        }
+        out.push(LineToken {
+            text,
+            logprob: s.logprob,
+            rank: s.rank,
+        });
+    }
+    Ok(out)
+}
+
 impl Backend for ModelBackend {
     type Session = ModelSession;
     type Prefix = Arc<Prefix>;
@@ -212,6 +242,28 @@ impl Backend for ModelBackend {
         let mut rules = Vec::with_capacity(requests.len());
         for r in requests {
             let want = self.tokens(&mut session.segments, &r.prompt)?;
+            // A verified line's tokens in `want`; the position before them must be fed.
+            let span = match r.kind {
+                RequestKind::Verify { line, .. } => {
+                    if line == 0 || line >= r.prompt.len() {
+                        return Err(self.err(format!(
+                            "stream {}: verified segment {line} of a {}-segment prompt (it must follow another)",
+                            r.stream,
+                            r.prompt.len()
+                        )));
+                    }
+                    let start = self.tokens(&mut session.segments, &r.prompt[..line])?.len();
+                    let len = self.tokens(&mut session.segments, &r.prompt[line..=line])?.len();
+                    if start == 0 {
+                        return Err(self.err(format!(
+                            "stream {}: nothing before the verified line",
+                            r.stream
+                        )));
+                    }
+                    Some(start..start + len)
+                }
+                _ => None,
+            };
             if want.is_empty() {
                 return Err(self.err(format!("stream {}: empty prompt", r.stream)));
             }
@@ -225,12 +277,20 @@ impl Backend for ModelBackend {
                 .or_insert_with(|| prefix.fork());
             let have = seq.suffix_tokens();
             let mut common = have.iter().zip(&want).take_while(|(a, b)| a == b).count();
-            // At least one token is fed, so the forward yields the next distribution.
+            // At least one token is fed, so the forward yields the next distribution (and the
+            // position before a verified line, so its first token is rated).
             common = common.min(want.len() - 1);
+            if let Some(span) = &span {
+                common = common.min(span.start - 1);
+            }
             seq.truncate(seq.prefix_len() + common)?;
             news.push(want[common..].to_vec());
             rules.push(match r.kind {
                 RequestKind::Judge { .. } => StopRules::score(),
+                RequestKind::Verify { .. } => {
+                    let span = span.unwrap_or(0..0);
+                    StopRules::score_tokens(span.start - common..span.end - common)
+                }
                 RequestKind::Generate {
                     max_tokens,
                     stop_at_newline,
@@ -264,7 +324,9 @@ impl Backend for ModelBackend {
             &prompts,
             &rules,
             |i, l| {
-                if let RequestKind::Judge { top_k: k } = requests[i].kind {
+                if let RequestKind::Judge { top_k: k } | RequestKind::Verify { top_k: k, .. } =
+                    requests[i].kind
+                {
                     let mut c = Vec::with_capacity(k);
                     for (id, p) in top_k(l, k).map_err(|e| match e {
                         Error::Runtime(r) => r,
@@ -291,6 +353,12 @@ impl Backend for ModelBackend {
                 RequestKind::Judge { .. } => Response::Judged(
                     j.ok_or_else(|| self.err(format!("stream {}: no distribution", r.stream)))?,
                 ),
+                RequestKind::Verify { .. } => Response::Verified(Verified {
+                    top: j.ok_or_else(|| {
+                        self.err(format!("stream {}: no distribution", r.stream))
+                    })?,
+                    line: line_tokens(tok, &out.scores)?,
+                }),
                 RequestKind::Generate { .. } => Response::Generated(Generated {
                     tokens: out.tokens.len() + usize::from(out.stop_token.is_some()),
                     text: out.text,

@@ -176,6 +176,10 @@ pub struct Trace {
     pub lines_failed_checks: usize,
     /// Lines written by repairs and kept.
     pub lines_repaired: usize,
+    /// Repairs that continued a rejected line from its first divergence (not from its start).
+    pub repairs_from_divergence: usize,
+    /// Target tokens those repairs took over from the rejected lines.
+    pub repair_kept_tokens: usize,
     /// Target-written whole bodies of slots that had no content line (one per such slot).
     pub whole_slot_calls: usize,
     /// Lines those bodies added (origin `repair`).
@@ -230,8 +234,16 @@ pub struct Judged {
     pub slot: String,
     /// p_yes / (p_yes + p_no).
     pub r: f32,
-    /// Whether r reached eta.
+    /// Whether the line was accepted.
     pub accepted: bool,
+    /// The line's token-level scores from the verification forward.
+    pub scores: crate::verify::LineScores,
+    /// The calibrated rule's probability that the line is true (absent under the ratio
+    /// rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probability: Option<f64>,
+    /// Why it was decided: `ratio`, `rule` or `own-line` (the target's greedy line).
+    pub by: &'static str,
 }
 
 /// A finished compaction.

@@ -4,7 +4,9 @@
 //! Text is split into word tokens (a run of non-space characters with the whitespace after
 //! it), so `max_tokens` and the newline rule behave as with a real tokenizer.
 
-use crate::backend::{Backend, Generated, Prefilled, Request, RequestKind, Response};
+use crate::backend::{
+    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Verified,
+};
 use crate::prompt::ChatFormat;
 use crate::Result;
 use speccompact_runtime::StopReason;
@@ -12,6 +14,7 @@ use std::sync::Mutex;
 
 type GenerateFn = dyn Fn(usize, &str) -> String + Send + Sync;
 type JudgeFn = dyn Fn(usize, &str) -> Vec<(String, f32)> + Send + Sync;
+type LineScoreFn = dyn Fn(usize, &str) -> Vec<LineToken> + Send + Sync;
 
 /// One request a [`Scripted`] backend served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +38,7 @@ pub struct Scripted {
     context: usize,
     generate: Box<GenerateFn>,
     judge: Box<JudgeFn>,
+    line_scores: Box<LineScoreFn>,
     calls: Mutex<Vec<Call>>,
     batches: Mutex<usize>,
     prefixes: Mutex<Vec<String>>,
@@ -76,6 +80,16 @@ impl Scripted {
             context: 1 << 20,
             generate: Box::new(|_, _| String::new()),
             judge: Box::new(|_, _| vec![("Yes".to_string(), 0.9)]),
+            line_scores: Box::new(|_, line| {
+                word_tokens(line)
+                    .into_iter()
+                    .map(|w| LineToken {
+                        text: w.to_string(),
+                        logprob: -0.1,
+                        rank: 0,
+                    })
+                    .collect()
+            }),
             calls: Mutex::new(Vec::new()),
             batches: Mutex::new(0),
             prefixes: Mutex::new(Vec::new()),
@@ -103,6 +117,18 @@ impl Scripted {
         self
     }
 
+    /// Line scores of a verification: (stream, the verified segment) -> its tokens with
+    /// log-probabilities and ranks (default: its word tokens, each the greedy choice at
+    /// log-probability -0.1). The judgment part comes from the judgment script, given the
+    /// whole prompt.
+    pub fn with_line_scores(
+        mut self,
+        f: impl Fn(usize, &str) -> Vec<LineToken> + Send + Sync + 'static,
+    ) -> Self {
+        self.line_scores = Box::new(f);
+        self
+    }
+
     /// Sets the context length.
     pub fn with_context(mut self, tokens: usize) -> Self {
         self.context = tokens;
@@ -114,11 +140,11 @@ impl Scripted {
         self.calls.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
-    /// How many judgment requests were served.
+    /// How many judgment requests (verifications included) were served.
     pub fn judge_calls(&self) -> usize {
         self.calls()
             .iter()
-            .filter(|c| matches!(c.kind, RequestKind::Judge { .. }))
+            .filter(|c| matches!(c.kind, RequestKind::Judge { .. } | RequestKind::Verify { .. }))
             .count()
     }
 
@@ -343,6 +369,15 @@ impl Backend for Scripted {
                     let mut d = (self.judge)(r.stream, &prompt);
                     d.truncate(top_k);
                     Response::Judged(d)
+                }
+                RequestKind::Verify { top_k, line } => {
+                    let mut top = (self.judge)(r.stream, &prompt);
+                    top.truncate(top_k);
+                    let seg = r.prompt.get(line).map_or("", String::as_str);
+                    Response::Verified(Verified {
+                        top,
+                        line: (self.line_scores)(r.stream, seg),
+                    })
                 }
                 RequestKind::Generate { .. } => Response::Generated(continuation(
                     &(self.generate)(r.stream, &prompt),

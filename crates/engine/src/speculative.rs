@@ -10,10 +10,11 @@
 //! A slot that would end without a content line gets one target-written attempt of its whole
 //! body first: it may end empty only when the target, asked for that slot, writes nothing.
 
-use crate::backend::{Generated, LineRules, Request, RequestKind, Response};
+use crate::backend::{Generated, LineRules, Request, RequestKind, Response, Verified};
 use crate::compactor::{Event, Job, Judged, LineOut, Origin, SlotOut, SlotStop};
 use crate::judge::score;
 use crate::lines::{Check, Checker};
+use crate::verify::{agreed_prefix, Divergence, LineScores, Verify};
 use crate::{prompt, Backend, Error, Result};
 use speccompact_runtime::StopReason;
 use std::collections::VecDeque;
@@ -52,6 +53,10 @@ struct Stream {
     buffer: VecDeque<Item>,
     /// The accepted texts the buffer's front item was drafted after.
     expect: Vec<String>,
+    /// The next repair's start: a rejected line's part before its first divergence.
+    kept: String,
+    /// Target tokens of `kept`.
+    kept_tokens: usize,
 }
 
 impl Stream {
@@ -280,16 +285,6 @@ fn split_draft(g: &Generated) -> Vec<Item> {
     items
 }
 
-fn generated(resp: Response, who: &str) -> Result<Generated> {
-    match resp {
-        Response::Generated(g) => Ok(g),
-        Response::Judged(_) => Err(Error::Backend {
-            backend: who.to_string(),
-            reason: "answered a generation request with a judgment".into(),
-        }),
-    }
-}
-
 /// Generation requests of the streams in `state` (drafting or repair), each after its
 /// slot request and accepted lines.
 fn generations(
@@ -375,8 +370,18 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             state: State::Draft,
             buffer: VecDeque::new(),
             expect: Vec::new(),
+            kept: String::new(),
+            kept_tokens: 0,
         })
         .collect();
+    let div = Divergence {
+        rank: cfg.divergence_rank,
+        floor: cfg.divergence_floor,
+    };
+    let rule = match cfg.verify {
+        Verify::Calibrated => cfg.line_rule.as_ref(),
+        Verify::Ratio => None,
+    };
     // Each round adds or ends something on every live stream except through repair after a
     // rejection, so 3 rounds per possible line bound it; reaching the bound is reported.
     let max_rounds = 3 * (cfg.slot_max_lines + 2) + 5;
@@ -397,12 +402,16 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             .filter_map(|s| match &s.state {
                 State::Verify(line) => {
                     let mut p = s.prompt(&treq[s.slot]);
+                    let at = p.len();
                     p.push(format!("{line}\n"));
                     p.push(question.clone());
                     Some(Request {
                         stream: s.slot,
                         prompt: p,
-                        kind: RequestKind::Judge { top_k: cfg.top_k },
+                        kind: RequestKind::Verify {
+                            top_k: cfg.top_k,
+                            line: at,
+                        },
                         lines: LineRules::default(),
                     })
                 }
@@ -420,6 +429,13 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                 ..LineRules::default()
             },
         );
+        // A repair after a rejection continues from the line's agreed part.
+        for r in repairs.iter_mut() {
+            let kept = &streams[r.stream].kept;
+            if !kept.is_empty() {
+                r.prompt.push(kept.clone());
+            }
+        }
         // Whole-body attempts go in the same target batch as the repairs.
         repairs.extend(
             streams
@@ -483,20 +499,28 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             .count();
 
         for (req, resp) in drafts.iter().zip(dout) {
-            let g = generated(resp, job.drafter.name())?;
+            let g = resp.into_generated(job.drafter.name())?;
             job.trace.drafter_tokens += g.tokens;
             let s = &mut streams[req.stream];
             s.buffer = split_draft(&g).into();
             s.expect = s.texts();
         }
         for (req, resp) in verifies.iter().zip(vout) {
-            let Response::Judged(top) = resp else {
+            let Response::Verified(Verified { top, line: rated }) = resp else {
                 return Err(Error::Backend {
                     backend: job.target.name().to_string(),
-                    reason: "answered a judgment with a generation".into(),
+                    reason: "answered a verification with something else".into(),
                 });
             };
             let j = score(&top, &cfg.positive_labels, &cfg.negative_labels);
+            let scores = LineScores::new(&j, &rated, &div);
+            // The target's own greedy line is kept whatever the rule: a repair would write it.
+            let own = scores.tokens > 0 && scores.greedy_fraction >= 1.0;
+            let (accepted, probability, by) = match rule {
+                Some(_) if own => (true, None, "own-line"),
+                Some(rule) => (rule.accepts(&scores), Some(rule.probability(&scores)), "rule"),
+                None => (j.accepts(cfg.eta), None, "ratio"),
+            };
             let s = &mut streams[req.stream];
             let State::Verify(line) = std::mem::replace(&mut s.state, State::Draft) else {
                 continue;
@@ -504,9 +528,12 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             job.trace.judgments.push(Judged {
                 slot: cfg.slots[s.slot].name.clone(),
                 r: j.r,
-                accepted: j.accepts(cfg.eta),
+                accepted,
+                scores,
+                probability,
+                by,
             });
-            if j.accepts(cfg.eta) {
+            if accepted {
                 match admit(job, s, line, Origin::Draft, Some(j.r))? {
                     Admit::Added => job.trace.lines_accepted += 1,
                     Admit::Stopped(stop) => finish(job, s, stop),
@@ -519,11 +546,15 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                     r: Some(j.r),
                 });
                 s.clear_buffer();
+                if let Some(d) = scores.divergence {
+                    s.kept = agreed_prefix(&rated, d);
+                    s.kept_tokens = d;
+                }
                 s.state = State::Repair;
             }
         }
         for (req, resp) in repairs.iter().zip(rout) {
-            let g = generated(resp, job.target.name())?;
+            let g = resp.into_generated(job.target.name())?;
             job.trace.target_tokens += g.tokens;
             let s = &mut streams[req.stream];
             s.clear_buffer();
@@ -533,7 +564,13 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                 continue;
             }
             s.state = State::Draft;
-            let text = g.text.trim_end().to_string();
+            let kept = std::mem::take(&mut s.kept);
+            let kept_tokens = std::mem::take(&mut s.kept_tokens);
+            if !kept.is_empty() {
+                job.trace.repairs_from_divergence += 1;
+                job.trace.repair_kept_tokens += kept_tokens;
+            }
+            let text = format!("{kept}{}", g.text).trim_end().to_string();
             let ended = g.reason == StopReason::StopToken;
             // Asked for the slot's first line, the target ended the slot: it has nothing to
             // write there, which is what a whole-body attempt would find out.

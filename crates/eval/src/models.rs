@@ -90,14 +90,7 @@ impl Default for EvalPrompts {
 const STREAMS: usize = 6;
 
 fn generated(b: &impl Backend, r: Response) -> Result<String> {
-    match r {
-        Response::Generated(g) => Ok(g.text.trim().to_string()),
-        Response::Judged(_) => Err(speccompact_engine::Error::Backend {
-            backend: b.name().into(),
-            reason: "answered a generation request with a judgment".into(),
-        }
-        .into()),
-    }
+    Ok(r.into_generated(b.name())?.text.trim().to_string())
 }
 
 /// Answers each question from `context` alone: the context is prefilled once, questions run

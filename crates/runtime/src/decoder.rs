@@ -38,12 +38,15 @@ impl Default for LoadOptions {
 }
 
 /// Which positions of each row the forward returns logits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogitsAt {
     /// The last new token of each row: one distribution per row.
     Last,
     /// Every new token of each row.
     All,
+    /// Chosen new-token indices per row (in row order; each index below the row's new token
+    /// count), in the order given.
+    At(Vec<Vec<usize>>),
 }
 
 /// One row of a batched forward: a sequence and the new tokens to append to it.
@@ -335,8 +338,8 @@ impl Decoder {
     }
 
     /// Batched forward. Each row's new tokens are appended to its sequence's cache; returns,
-    /// per row, logits of shape (n, vocab) with n = 1 for [`LogitsAt::Last`] or the row's new
-    /// token count for [`LogitsAt::All`]. Rows may have different suffix lengths, token
+    /// per row, logits of shape (n, vocab) with n = 1 for [`LogitsAt::Last`], the row's new
+    /// token count for [`LogitsAt::All`] or the row's index count for [`LogitsAt::At`]. Rows may have different suffix lengths, token
     /// counts and prefixes (rows are grouped by prefix internally).
     pub fn forward(&self, rows: &mut [Row<'_>], at: LogitsAt) -> Result<Vec<Tensor>> {
         if rows.is_empty() {
@@ -372,6 +375,18 @@ impl Decoder {
             }
             r.seq.check_consistent()?;
         }
+        if let LogitsAt::At(at) = &at {
+            let bad = at.len() != rows.len()
+                || rows
+                    .iter()
+                    .zip(at)
+                    .any(|(r, ix)| ix.is_empty() || ix.iter().any(|&j| j >= r.tokens.len()));
+            if bad {
+                return Err(Error::InvalidRequest(
+                    "logit positions must name 1 or more new tokens of every row".into(),
+                ));
+            }
+        }
         // Group rows by the prefix they share.
         let mut groups: Vec<(Option<u64>, Vec<usize>)> = Vec::new();
         for (i, r) in rows.iter().enumerate() {
@@ -394,7 +409,11 @@ impl Decoder {
                 rest = tail;
                 base = i + 1;
             }
-            let res = self.forward_group(&mut sub, at)?;
+            let group_at = match &at {
+                LogitsAt::At(all) => LogitsAt::At(idx.iter().map(|&i| all[i].clone()).collect()),
+                other => other.clone(),
+            };
+            let res = self.forward_group(&mut sub, &group_at)?;
             for (i, t) in idx.into_iter().zip(res) {
                 out[i] = Some(t);
             }
@@ -402,7 +421,7 @@ impl Decoder {
         Ok(out.into_iter().flatten().collect())
     }
 
-    fn forward_group(&self, rows: &mut [&mut Row<'_>], at: LogitsAt) -> Result<Vec<Tensor>> {
+    fn forward_group(&self, rows: &mut [&mut Row<'_>], at: &LogitsAt) -> Result<Vec<Tensor>> {
         let cfg = &self.cfg;
         let dev = &self.device;
         let b = rows.len();
@@ -575,6 +594,10 @@ impl Decoder {
                 LogitsAt::All => {
                     pick.extend((0..n[r]).map(|i| (r * t + i) as u32));
                     counts.push(n[r]);
+                }
+                LogitsAt::At(ix) => {
+                    pick.extend(ix[r].iter().map(|&i| (r * t + i) as u32));
+                    counts.push(ix[r].len());
                 }
             }
         }

@@ -24,6 +24,23 @@ pub struct StopRules {
     /// Tokens never generated while the current line's text (after the last newline; the
     /// prompt is taken to end at a line start) equals a mask's `line`.
     pub line_masks: Vec<LineMask>,
+    /// Prompt tokens (indices into the row's prompt, starting at 1 or later) to score under
+    /// the model: each one's log-probability and rank given the tokens before it, from the
+    /// same forward that reads the prompt ([`Continuation::scores`]).
+    pub score_span: Option<std::ops::Range<usize>>,
+}
+
+/// How the model rates one given token at its position.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct TokenScore {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability under the model, given the tokens before it.
+    pub logprob: f32,
+    /// Tokens the model rates strictly higher (0: the token is the model's greedy choice).
+    pub rank: u32,
+    /// The model's greedy token at this position.
+    pub greedy: u32,
 }
 
 /// Tokens banned while the current line reads exactly `line` (e.g. `#`-tokens at a line
@@ -54,6 +71,7 @@ impl StopRules {
             stop_at_newline: false,
             line_grace: 0,
             line_masks: Vec::new(),
+            score_span: None,
         }
     }
 
@@ -65,6 +83,16 @@ impl StopRules {
             stop_at_newline: false,
             line_grace: 0,
             line_masks: Vec::new(),
+            score_span: None,
+        }
+    }
+
+    /// A scoring request that also rates the prompt tokens in `span` (see
+    /// [`StopRules::score_span`]).
+    pub fn score_tokens(span: std::ops::Range<usize>) -> Self {
+        Self {
+            score_span: Some(span),
+            ..Self::score()
         }
     }
 
@@ -106,6 +134,8 @@ pub struct Continuation {
     /// How many of `tokens` are in the sequence's cache (all but a last one that was never
     /// fed back); the sequence holds prompt + `tokens[..cached]`.
     pub cached: usize,
+    /// Scores of the prompt tokens in [`StopRules::score_span`] (empty without one).
+    pub scores: Vec<TokenScore>,
 }
 
 /// Greedy continuation of `seqs[i]` after appending `prompts[i]` (non-empty) to it. All rows
@@ -157,8 +187,19 @@ pub fn greedy_rows_gated(
             rules.len()
         )));
     }
+    for (i, (r, p)) in rules.iter().zip(prompts).enumerate() {
+        if let Some(span) = &r.score_span {
+            if span.start == 0 || span.start > span.end || span.end > p.len() {
+                return Err(Error::InvalidRequest(format!(
+                    "row {i}: scored tokens {span:?} must lie in 1..={} of the prompt",
+                    p.len()
+                )));
+            }
+        }
+    }
     let n = seqs.len();
     let ctx = decoder.config().context_length;
+    let mut scores: Vec<Vec<TokenScore>> = vec![Vec::new(); n];
     let mut gen: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut done: Vec<Option<(StopReason, Option<u32>, String)>> = vec![None; n];
     let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
@@ -203,7 +244,39 @@ pub fn greedy_rows_gated(
                     tokens: &next[i],
                 });
             }
-            decoder.forward(&mut rows, LogitsAt::Last)?
+            // The first step of a scoring row also returns the positions before its scored
+            // tokens.
+            let spans: Vec<Option<std::ops::Range<usize>>> = active
+                .iter()
+                .map(|&i| rules[i].score_span.clone().filter(|_| gen[i].is_empty()))
+                .collect();
+            let at = if spans.iter().any(Option::is_some) {
+                LogitsAt::At(
+                    active
+                        .iter()
+                        .zip(&spans)
+                        .map(|(&i, span)| {
+                            let last = next[i].len() - 1;
+                            let mut ix: Vec<usize> =
+                                span.clone().map_or(Vec::new(), |s| (s.start - 1..s.end - 1).collect());
+                            ix.push(last);
+                            ix
+                        })
+                        .collect(),
+                )
+            } else {
+                LogitsAt::Last
+            };
+            let mut out = decoder.forward(&mut rows, at)?;
+            for ((&i, span), l) in active.iter().zip(&spans).zip(out.iter_mut()) {
+                if let Some(span) = span {
+                    let k = span.end - span.start;
+                    scores[i] = score_tokens(&l.narrow(0, 0, k)?, &next[i][span.clone()])?;
+                    let last = l.narrow(0, k, 1)?;
+                    *l = last;
+                }
+            }
+            out
         };
         for (&i, l) in active.iter().zip(&logits) {
             let rules = &rules[i];
@@ -291,9 +364,43 @@ pub fn greedy_rows_gated(
             stop_token,
             reason,
             cached,
+            scores: std::mem::take(&mut scores[i]),
         });
     }
     Ok(out)
+}
+
+/// Rates `tokens[j]` under logits row `j` (shape (k, vocab), k = `tokens.len()`): log-softmax
+/// gathered at the token, the count of higher logits, the argmax. Computed where the logits
+/// are; only 3k numbers leave the device.
+fn score_tokens(logits: &Tensor, tokens: &[u32]) -> Result<Vec<TokenScore>> {
+    use candle_core::{DType, D};
+    if tokens.is_empty() {
+        return Ok(Vec::new());
+    }
+    let logits = logits.to_dtype(DType::F32)?;
+    let ids = Tensor::from_slice(tokens, (tokens.len(), 1), logits.device())?;
+    let own = logits.gather(&ids, 1)?;
+    let logprob: Vec<f32> = candle_nn::ops::log_softmax(&logits, D::Minus1)?
+        .gather(&ids, 1)?
+        .flatten_all()?
+        .to_vec1()?;
+    let rank: Vec<f32> = logits
+        .broadcast_gt(&own)?
+        .to_dtype(DType::F32)?
+        .sum(1)?
+        .to_vec1()?;
+    let greedy: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+    Ok(tokens
+        .iter()
+        .enumerate()
+        .map(|(j, &token)| TokenScore {
+            token,
+            logprob: logprob[j],
+            rank: rank[j] as u32,
+            greedy: greedy[j],
+        })
+        .collect())
 }
 
 /// The most likely token of `logits` outside `banned` (sorted ascending).

@@ -26,7 +26,7 @@ pub use device::{parse_device, set_threads, threads};
 pub use error::{Error, Result};
 pub use generate::{
     greedy, greedy_rows, greedy_rows_gated, Continuation, LineMask, LineVerdict, StopReason,
-    StopRules,
+    StopRules, TokenScore,
 };
 pub use linear::{DenseDecision, DenseMode};
 pub use model::{read_gguf, Model};
