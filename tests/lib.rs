@@ -56,10 +56,24 @@ pub fn tiny_backend(
     dir: &std::path::Path,
     prefill_chunk: usize,
 ) -> speccompact_engine::ModelBackend {
+    tiny_backend_with_context(arch, seed, dir, prefill_chunk, None)
+}
+
+/// [`tiny_backend`] with a chosen context length (`None`: the tiny models' default).
+pub fn tiny_backend_with_context(
+    arch: speccompact_runtime::Architecture,
+    seed: u64,
+    dir: &std::path::Path,
+    prefill_chunk: usize,
+    context: Option<usize>,
+) -> speccompact_engine::ModelBackend {
     use speccompact_runtime::{synthetic::TinyModel, LoadOptions, Model};
     let mut t = TinyModel::new(arch);
     t.seed = seed;
-    let path = dir.join(format!("{arch:?}-{seed}.gguf"));
+    if let Some(c) = context {
+        t.context = c;
+    }
+    let path = dir.join(format!("{arch:?}-{seed}-{}.gguf", t.context));
     t.write(&path).expect("write tiny model");
     let m = Model::load(&path, &Device::Cpu, LoadOptions::default()).expect("load tiny model");
     speccompact_engine::ModelBackend::new(

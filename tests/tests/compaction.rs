@@ -416,3 +416,99 @@ fn real_pair_recompaction_of_a_grown_session_prefills_only_the_new_messages() {
     );
     assert!(r.second.drafter_prefix_reused > 0);
 }
+
+/// The lossless mode keeps a drafted token only where it is the target's greedy token, so its
+/// summary equals target-self's byte for byte: with a drafter that agrees with the target (the
+/// same model) and one that does not, on a short history and on the smoke sessions.
+#[test]
+fn exact_verification_equals_target_self_with_tiny_models() {
+    let dir = tempfile::tempdir().unwrap();
+    // A context that holds a few of the smoke sessions' messages (tool results are capped
+    // at 4,000 characters); longer sessions run in stages, the same for both methods.
+    let tiny = |arch, seed| {
+        speccompact_tests::tiny_backend_with_context(arch, seed, dir.path(), 256, Some(16384))
+    };
+    let target = || tiny(Architecture::Qwen2, 5);
+    let mut cfg = CompactionConfig::default();
+    cfg.slot_max_tokens = 48;
+    cfg.draft_tokens = 12;
+    cfg.verify = speccompact_engine::verify::Verify::Exact;
+    // The smoke sessions are longer than the tiny models' context: both methods run in the
+    // same stages.
+    let same = Compactor::new(target(), target(), cfg.clone()).unwrap();
+    let other = Compactor::new(tiny(Architecture::Llama, 3), target(), cfg.clone()).unwrap();
+    let mut histories = vec![short_history()];
+    if let Some(s) = smoke() {
+        histories.extend(s);
+    }
+    for (k, h) in histories.iter().enumerate() {
+        let want = other
+            .compact_blocking(h, Method::TargetSelf, &mut |_| {})
+            .unwrap();
+        for (name, c) in [("same", &same), ("other", &other)] {
+            if name == "same" && k > 0 {
+                continue;
+            }
+            let got = c
+                .compact_blocking(h, Method::Speculative, &mut |_| {})
+                .unwrap();
+            assert_eq!(got.markdown, want.markdown, "{name} drafter, history {k}");
+            let t = &got.trace;
+            assert!(t.spec_tokens_kept <= t.spec_tokens_drafted);
+            if name == "same" {
+                // The drafter is the target: what it drafts is kept, up to the budget.
+                assert!(t.spec_tokens_kept > 0, "{t:?}");
+            }
+        }
+    }
+}
+
+/// The README example with the 1.5B target and its calibrated line rule: the speculative
+/// summary keeps the facts the sequential one lists (both constraints, the fix, the failing
+/// test, the branch) and none of the drafter's false lines the one-token judgment used to
+/// accept.
+#[test]
+fn real_pair_readme_example_with_the_calibrated_rule_keeps_the_facts_and_no_false_lines() {
+    let name = "qwen2.5-coder-1.5b-instruct";
+    let (Some(d), Some(t)) = (real("smollm2-135m-instruct"), real(name)) else {
+        return;
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/sample-session.json");
+    let h = speccompact_history::parse_history(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut cfg = CompactionConfig::default();
+    cfg.target = name.into();
+    let applied = cfg.apply_calibration(
+        &speccompact_engine::calibrate::Calibrations::builtin().unwrap(),
+        &speccompact_engine::calibrate::builtin_variants().unwrap(),
+    );
+    assert!(
+        applied.as_deref().is_some_and(|a| a.contains("line rule")),
+        "{applied:?}"
+    );
+    let c = Compactor::new(d, t, cfg).unwrap();
+    let out = c
+        .compact_blocking(&h, Method::Speculative, &mut |_| {})
+        .unwrap();
+    eprintln!(
+        "{:.1} s, {} judged ({} rejected), {} repaired ({} from the divergence)\n{}",
+        out.trace.wall_ms / 1e3,
+        out.trace.judgments.len(),
+        out.trace.lines_rejected,
+        out.trace.lines_repaired,
+        out.trace.repairs_from_divergence,
+        out.markdown
+    );
+    let md = out.markdown.to_lowercase();
+    for fact in [
+        "uploadclient",
+        "attempt < max_retries",
+        "no_retry_on_auth_error",
+        "fix/upload-retry",
+    ] {
+        assert!(md.contains(fact), "missing {fact}:\n{}", out.markdown);
+    }
+    assert!(md.contains('3'), "the retry limit of 3 is missing:\n{}", out.markdown);
+    for false_line in ["limit to 2", "bug in a server", "which is correct"] {
+        assert!(!md.contains(false_line), "kept a false line ({false_line}):\n{}", out.markdown);
+    }
+}

@@ -55,6 +55,11 @@ struct EngineArgs {
     /// A history over the target's context: `stages` (default), `error` or `middle-cut`.
     #[arg(long)]
     overflow: Option<String>,
+    /// Line verification: `calibrated` (default: the target's calibrated rule over the
+    /// verification scores), `ratio` (r >= eta alone) or `exact` (lossless: equals
+    /// target-self).
+    #[arg(long)]
+    verify: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -408,6 +413,10 @@ fn compactor(cli: &Cli, store: &Store, a: &EngineArgs) -> Result<Compactor> {
             "stages" => Overflow::Stages,
             _ => bail!("unknown --overflow `{o}` (stages, error, middle-cut)"),
         };
+    }
+    if let Some(v) = &a.verify {
+        cfg.verify = v.parse().map_err(|e: String| anyhow::anyhow!("--verify: {e}"))?;
+        cfg.explicit.push("verify".into());
     }
     cfg.validate("command line")?;
     let settings = runtime_settings(cli)?;

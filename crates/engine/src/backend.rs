@@ -78,6 +78,16 @@ pub enum RequestKind {
         /// Index of the scored segment in [`Request::prompt`] (1 or later).
         line: usize,
     },
+    /// Token-level speculation on a stream's own token path (the lossless mode): the prompt
+    /// is `[head, draft]`. The stream continues the path it holds after `head` (a new one
+    /// when it holds none); the draft's tokens are appended and checked in one forward, kept
+    /// while each is the model's greedy token, and the model's own token at the first
+    /// mismatch (or after the whole draft) is added. The path is never re-tokenized, so it
+    /// is exactly the model's greedy continuation of `head`.
+    Speculate {
+        /// Most tokens the path may hold after `head`.
+        max_tokens: usize,
+    },
     /// Greedy generation.
     Generate {
         /// Most new tokens.
@@ -132,6 +142,21 @@ pub struct Verified {
     pub line: Vec<LineToken>,
 }
 
+/// Output of a speculation request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Speculated {
+    /// The whole path after the head, as text.
+    pub text: String,
+    /// Tokens of the path after the head.
+    pub tokens: usize,
+    /// Draft tokens kept this time.
+    pub accepted: usize,
+    /// Draft tokens offered this time (in the model's tokenization).
+    pub drafted: usize,
+    /// Set when the path has ended: by a stop token, or at `max_tokens`.
+    pub done: Option<StopReason>,
+}
+
 /// Output of one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Response {
@@ -139,6 +164,8 @@ pub enum Response {
     Judged(Vec<(String, f32)>),
     /// A verified line.
     Verified(Verified),
+    /// A speculation step.
+    Speculated(Speculated),
     /// Generated text.
     Generated(Generated),
 }

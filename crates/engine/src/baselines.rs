@@ -22,7 +22,7 @@ fn text_of(resp: Response, who: &str) -> Result<(String, usize)> {
 
 /// Keeps a slot's lines under the same checks and caps as the speculative method, with no
 /// verification: duplicates and over-long lines are dropped, a `## ` heading ends the slot.
-fn take_lines<B: Backend>(
+pub(crate) fn take_lines<B: Backend>(
     job: &mut Job<'_, B>,
     slot: usize,
     text: &str,

@@ -420,6 +420,9 @@ impl<B: Backend + 'static> Compactor<B> {
             drafter_tokens: job.trace.drafter_prefix_tokens,
         });
         let slots = match method {
+            Method::Speculative if cfg.verify == crate::verify::Verify::Exact => {
+                crate::exact::run(&mut job)?
+            }
             Method::Speculative => speculative::run(&mut job)?,
             Method::Sequential => baselines::sequential(&mut job)?,
             Method::TargetSelf => baselines::per_slot(&mut job, false)?,

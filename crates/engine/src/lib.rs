@@ -21,6 +21,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod compactor;
 pub mod config;
+mod exact;
 mod error;
 pub mod judge;
 pub mod lines;
@@ -34,6 +35,7 @@ pub mod verify;
 
 pub use backend::{
     Backend, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response,
+    Speculated, Verified,
 };
 pub use compactor::{
     Compaction, Compactor, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,

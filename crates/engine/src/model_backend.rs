@@ -2,14 +2,15 @@
 //! session holding the frozen prefix and one forked sequence per stream.
 
 use crate::backend::{
-    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Verified,
+    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated,
+    Verified,
 };
 use crate::prompt::ChatFormat;
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use speccompact_runtime::{
-    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopRules, TokenScore,
-    Tokenizer,
+    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopReason, StopRules,
+    TokenScore, Tokenizer,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -32,6 +33,16 @@ pub struct ModelSession {
     stream_prefixes: HashMap<usize, Arc<Prefix>>,
     streams: HashMap<usize, Sequence>,
     segments: HashMap<String, Vec<u32>>,
+    /// Token paths of speculation requests, per stream.
+    paths: HashMap<usize, SpecPath>,
+}
+
+/// A stream's speculation path: the head it continues and the model's last token, not yet
+/// fed (`None` once the path has ended).
+#[derive(Debug, Clone)]
+struct SpecPath {
+    head: Vec<u32>,
+    pending: Option<u32>,
 }
 
 impl ModelSession {
@@ -87,6 +98,156 @@ impl ModelBackend {
             backend: self.name.clone(),
             reason,
         }
+    }
+
+    /// Serves a batch of [`RequestKind::Speculate`] requests: one forward over every
+    /// stream's pending token and draft, greedy agreement checked per token.
+    fn speculate(&self, session: &mut ModelSession, requests: &[Request]) -> Result<Vec<Response>> {
+        struct Plan {
+            fed: Vec<u32>,
+            draft: Vec<u32>,
+            head: Vec<u32>,
+            /// Path tokens after the head before this step (the pending token included).
+            before: usize,
+            max: usize,
+        }
+        let tok = &self.model.tokenizer;
+        let ctx = self.context_length();
+        let mut plans = Vec::with_capacity(requests.len());
+        for r in requests {
+            let (RequestKind::Speculate { max_tokens }, [head, draft]) = (r.kind, r.prompt.as_slice())
+            else {
+                return Err(self.err(format!(
+                    "stream {}: a speculation's prompt is [head, draft]",
+                    r.stream
+                )));
+            };
+            let head = self.tokens(&mut session.segments, std::slice::from_ref(head))?;
+            if head.is_empty() {
+                return Err(self.err(format!("stream {}: empty head", r.stream)));
+            }
+            let draft = tok.encode(draft, false)?;
+            let prefix = session
+                .stream_prefixes
+                .get(&r.stream)
+                .unwrap_or(&session.prefix);
+            let seq = session
+                .streams
+                .entry(r.stream)
+                .or_insert_with(|| prefix.fork());
+            let path = session.paths.get(&r.stream);
+            let (fed, before) = match path {
+                Some(SpecPath {
+                    head: h,
+                    pending: Some(c),
+                }) if *h == head && seq.suffix_tokens().starts_with(&head) => {
+                    let before = seq.suffix_len() - head.len() + 1;
+                    let mut fed = vec![*c];
+                    fed.extend_from_slice(&draft);
+                    (fed, before)
+                }
+                Some(SpecPath { head: h, pending: None }) if *h == head => {
+                    return Err(self.err(format!("stream {}: its path has ended", r.stream)));
+                }
+                _ => {
+                    let have = seq.suffix_tokens();
+                    let common = have
+                        .iter()
+                        .zip(&head)
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                        .min(head.len() - 1);
+                    seq.truncate(seq.prefix_len() + common)?;
+                    let mut fed = head[common..].to_vec();
+                    fed.extend_from_slice(&draft);
+                    (fed, 0)
+                }
+            };
+            if seq.len() + fed.len() > ctx {
+                return Err(self.err(format!(
+                    "stream {}: {} positions exceed the context of {ctx}",
+                    r.stream,
+                    seq.len() + fed.len()
+                )));
+            }
+            plans.push(Plan {
+                fed,
+                draft,
+                head,
+                before,
+                max: max_tokens,
+            });
+        }
+        let at: Vec<Vec<usize>> = plans
+            .iter()
+            .map(|p| (p.fed.len() - p.draft.len() - 1..p.fed.len()).collect())
+            .collect();
+        let logits = {
+            let mut pool: HashMap<usize, &mut Sequence> =
+                session.streams.iter_mut().map(|(k, v)| (*k, v)).collect();
+            let mut rows = Vec::with_capacity(requests.len());
+            for (r, p) in requests.iter().zip(&plans) {
+                rows.push(speccompact_runtime::Row {
+                    seq: pool
+                        .remove(&r.stream)
+                        .ok_or_else(|| self.err(format!("stream {} lost", r.stream)))?,
+                    tokens: &p.fed,
+                });
+            }
+            self.model
+                .decoder
+                .forward(&mut rows, speccompact_runtime::LogitsAt::At(at))?
+        };
+        let mut out = Vec::with_capacity(requests.len());
+        for ((r, p), l) in requests.iter().zip(plans).zip(logits) {
+            let greedy: Vec<u32> = l
+                .argmax(candle_core::D::Minus1)
+                .and_then(|t| t.to_vec1())
+                .map_err(speccompact_runtime::Error::from)?;
+            let agree = p
+                .draft
+                .iter()
+                .zip(&greedy)
+                .take_while(|(d, g)| d == g)
+                .count();
+            let room = p.max.saturating_sub(p.before);
+            let keep = agree.min(room);
+            let (pending, done) = if keep < agree || p.before + keep >= p.max {
+                (None, Some(StopReason::MaxTokens))
+            } else {
+                let c = greedy[agree];
+                if tok.eos_tokens().contains(&c) {
+                    (None, Some(StopReason::StopToken))
+                } else if p.before + keep + 1 >= p.max {
+                    (Some(c), Some(StopReason::MaxTokens))
+                } else {
+                    (Some(c), None)
+                }
+            };
+            let seq = session
+                .streams
+                .get_mut(&r.stream)
+                .ok_or_else(|| self.err(format!("stream {} lost", r.stream)))?;
+            seq.truncate(seq.len() - (p.draft.len() - keep))?;
+            let mut path: Vec<u32> = seq.suffix_tokens()[p.head.len()..].to_vec();
+            path.extend(pending);
+            let text = tok.decode(&path)?;
+            session.paths.insert(
+                r.stream,
+                SpecPath {
+                    head: p.head,
+                    pending: pending.filter(|_| done.is_none()),
+                },
+            );
+            out.push(Response::Speculated(Speculated {
+                text,
+                tokens: path.len(),
+                accepted: keep,
+                drafted: p.draft.len(),
+                done,
+            }));
+        }
+        Ok(out)
     }
 
     fn tokens(&self, cache: &mut HashMap<String, Vec<u32>>, prompt: &[String]) -> Result<Vec<u32>> {
@@ -220,6 +381,7 @@ impl Backend for ModelBackend {
             stream_prefixes: HashMap::new(),
             streams: HashMap::new(),
             segments: HashMap::new(),
+            paths: HashMap::new(),
         }
     }
 
@@ -236,6 +398,16 @@ impl Backend for ModelBackend {
         let mut seen = std::collections::HashSet::new();
         if let Some(r) = requests.iter().find(|r| !seen.insert(r.stream)) {
             return Err(self.err(format!("stream {} appears twice in one batch", r.stream)));
+        }
+        let speculative = |r: &Request| matches!(r.kind, RequestKind::Speculate { .. });
+        if requests.iter().any(speculative) {
+            if !requests.iter().all(speculative) {
+                return Err(self.err("speculation requests run in batches of their own".into()));
+            }
+            return self.speculate(session, requests);
+        }
+        for r in requests {
+            session.paths.remove(&r.stream);
         }
         let tok = &self.model.tokenizer;
         let mut news: Vec<Vec<u32>> = Vec::with_capacity(requests.len());
@@ -291,6 +463,7 @@ impl Backend for ModelBackend {
                     let span = span.unwrap_or(0..0);
                     StopRules::score_tokens(span.start - common..span.end - common)
                 }
+                RequestKind::Speculate { .. } => StopRules::score(),
                 RequestKind::Generate {
                     max_tokens,
                     stop_at_newline,
@@ -359,7 +532,7 @@ impl Backend for ModelBackend {
                     })?,
                     line: line_tokens(tok, &out.scores)?,
                 }),
-                RequestKind::Generate { .. } => Response::Generated(Generated {
+                RequestKind::Generate { .. } | RequestKind::Speculate { .. } => Response::Generated(Generated {
                     tokens: out.tokens.len() + usize::from(out.stop_token.is_some()),
                     text: out.text,
                     reason: out.reason,

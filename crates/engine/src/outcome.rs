@@ -180,6 +180,10 @@ pub struct Trace {
     pub repairs_from_divergence: usize,
     /// Target tokens those repairs took over from the rejected lines.
     pub repair_kept_tokens: usize,
+    /// Lossless mode: drafted tokens the target checked (in its tokenization).
+    pub spec_tokens_drafted: usize,
+    /// Lossless mode: drafted tokens that were the target's greedy tokens and were kept.
+    pub spec_tokens_kept: usize,
     /// Target-written whole bodies of slots that had no content line (one per such slot).
     pub whole_slot_calls: usize,
     /// Lines those bodies added (origin `repair`).

@@ -5,7 +5,8 @@
 //! it), so `max_tokens` and the newline rule behave as with a real tokenizer.
 
 use crate::backend::{
-    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Verified,
+    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated,
+    Verified,
 };
 use crate::prompt::ChatFormat;
 use crate::Result;
@@ -171,6 +172,8 @@ pub struct ScriptedSession {
     pub prefix: String,
     /// Streams' own prefixes.
     pub stream_prefixes: std::collections::HashMap<usize, String>,
+    /// Speculation paths per stream: the head and the words of the path after it.
+    paths: std::collections::HashMap<usize, (String, usize)>,
 }
 
 /// A scripted prefix: its text; its tokens are [`word_tokens`].
@@ -323,6 +326,7 @@ impl Backend for Scripted {
         ScriptedSession {
             prefix: prefix.text.clone(),
             stream_prefixes: Default::default(),
+            paths: Default::default(),
         }
     }
 
@@ -379,6 +383,16 @@ impl Backend for Scripted {
                         line: (self.line_scores)(r.stream, seg),
                     })
                 }
+                RequestKind::Speculate { max_tokens } => {
+                    let head = r.prompt.first().map_or("", String::as_str);
+                    let draft = r.prompt.get(1).map_or("", String::as_str);
+                    let full = (self.generate)(r.stream, head);
+                    let path = match session.paths.get(&r.stream) {
+                        Some((h, n)) if h == head => *n,
+                        _ => 0,
+                    };
+                    Response::Speculated(speculate(&full, path, draft, max_tokens))
+                }
                 RequestKind::Generate { .. } => Response::Generated(continuation(
                     &(self.generate)(r.stream, &prompt),
                     r.kind,
@@ -386,7 +400,44 @@ impl Backend for Scripted {
                 )),
             });
         }
+        for (r, resp) in requests.iter().zip(&out) {
+            if let Response::Speculated(sp) = resp {
+                session
+                    .paths
+                    .insert(r.stream, (r.prompt.first().cloned().unwrap_or_default(), sp.tokens));
+            }
+        }
         Ok(out)
+    }
+}
+
+/// A speculation step on word tokens: the target's greedy path is `full`'s words; the path
+/// holds its first `path` words; draft words are kept while they match, then the target's
+/// next word is added (its text running out is a stop token).
+fn speculate(full: &str, path: usize, draft: &str, max: usize) -> Speculated {
+    let words = word_tokens(full);
+    let drafted = word_tokens(draft);
+    let agree = drafted
+        .iter()
+        .zip(words.iter().skip(path))
+        .take_while(|(d, w)| d == w)
+        .count();
+    let keep = agree.min(max.saturating_sub(path));
+    let (len, done) = if keep < agree || path + keep >= max {
+        (path + keep, Some(StopReason::MaxTokens))
+    } else if path + agree >= words.len() {
+        (path + agree, Some(StopReason::StopToken))
+    } else if path + keep + 1 >= max {
+        (path + keep + 1, Some(StopReason::MaxTokens))
+    } else {
+        (path + keep + 1, None)
+    };
+    Speculated {
+        text: words[..len].concat(),
+        tokens: len,
+        accepted: keep,
+        drafted: drafted.len(),
+        done,
     }
 }
 

@@ -380,7 +380,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     };
     let rule = match cfg.verify {
         Verify::Calibrated => cfg.line_rule.as_ref(),
-        Verify::Ratio => None,
+        Verify::Ratio | Verify::Exact => None,
     };
     // Each round adds or ends something on every live stream except through repair after a
     // rejection, so 3 rounds per possible line bound it; reaching the bound is reported.

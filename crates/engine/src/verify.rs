@@ -6,7 +6,7 @@
 //! one-token judgment this module derives [`LineScores`]: mean and minimum log-probability,
 //! the share of tokens that are the target's own greedy choice, and the first divergence (the
 //! first token the target would not have written). [`LineRule`] is a calibrated logistic rule
-//! over the scores; [`Verify`] names the rule a compaction applies.
+//! over the scores; [`Verify`] names the rule a compaction applies (or the lossless mode).
 
 use crate::backend::LineToken;
 use crate::judge::Judgment;
@@ -22,6 +22,9 @@ pub enum Verify {
     Calibrated,
     /// The one-token judgment alone: accept iff p_yes / (p_yes + p_no) >= η.
     Ratio,
+    /// Lossless: a drafted token is kept only where it is the target's greedy token, so each
+    /// slot equals the target's own (`target-self`) byte for byte.
+    Exact,
 }
 
 impl Verify {
@@ -30,6 +33,7 @@ impl Verify {
         match self {
             Self::Calibrated => "calibrated",
             Self::Ratio => "ratio",
+            Self::Exact => "exact",
         }
     }
 }
@@ -40,8 +44,9 @@ impl std::str::FromStr for Verify {
         match s {
             "calibrated" => Ok(Self::Calibrated),
             "ratio" => Ok(Self::Ratio),
+            "exact" => Ok(Self::Exact),
             other => Err(format!(
-                "unknown verification mode `{other}` (calibrated, ratio)"
+                "unknown verification mode `{other}` (calibrated, ratio, exact)"
             )),
         }
     }

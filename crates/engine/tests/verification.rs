@@ -200,3 +200,38 @@ fn the_ratio_mode_ignores_a_calibrated_rule() {
     assert_eq!(out.trace.judgments[0].by, "ratio");
     assert!(out.trace.judgments[0].probability.is_none());
 }
+
+#[test]
+fn the_exact_mode_equals_target_self_and_keeps_agreeing_draft_words() {
+    // The target's own body; the drafter agrees on the first line and not on the second.
+    let body = "- fix upload.py off-by-one\n- keep retry limit at 3\n";
+    let mk = || {
+        let d = Scripted::new("d").with_generate(|_, p| {
+            if p.contains("off-by-one") {
+                "- change the limit\n".into()
+            } else {
+                "- fix upload.py off-by-one\n".into()
+            }
+        });
+        let t = Scripted::new("t").with_generate(move |_, _| body.to_string());
+        (d, t)
+    };
+    let (d, t) = mk();
+    let c = Compactor::new(d, t, config(None)).unwrap();
+    let want = c
+        .compact_blocking(&history(), Method::TargetSelf, &mut |_| {})
+        .unwrap();
+    let mut cfg = config(None);
+    cfg.verify = Verify::Exact;
+    let (d, t) = mk();
+    let (out, t) = run(cfg, d, t);
+    assert_eq!(out.markdown, want.markdown);
+    assert_eq!(texts(&out), ["- fix upload.py off-by-one", "- keep retry limit at 3"]);
+    // Line one: its 3 drafted words kept; "- " of line two kept, "change" replaced.
+    assert!(out.trace.spec_tokens_kept >= 4, "{:?}", out.trace);
+    assert!(out.trace.spec_tokens_kept < out.trace.spec_tokens_drafted);
+    assert!(t
+        .calls()
+        .iter()
+        .all(|c| matches!(c.kind, RequestKind::Speculate { .. })));
+}
