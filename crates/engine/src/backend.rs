@@ -79,10 +79,11 @@ pub enum RequestKind {
         line: usize,
     },
     /// Token-level speculation on a stream's own token path (the lossless mode): the prompt
-    /// is `[head, draft]`. The stream continues the path it holds after `head` (a new one
-    /// when it holds none); the draft's tokens are appended and checked in one forward, kept
-    /// while each is the model's greedy token, and the model's own token at the first
-    /// mismatch (or after the whole draft) is added. The path is never re-tokenized, so it
+    /// is `[head, draft]`. The stream continues the path it holds after `head`; the draft's
+    /// tokens are appended and checked in one forward, kept while each is the model's greedy
+    /// token, and the model's own token at the first mismatch (or after the whole draft) is
+    /// added. A stream without a path reads the head and takes the model's first token (the
+    /// draft is not used). The path is never re-tokenized, so it
     /// is exactly the model's greedy continuation of `head`.
     Speculate {
         /// Most tokens the path may hold after `head`.

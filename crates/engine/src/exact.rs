@@ -2,7 +2,8 @@
 //! drafter proposes the next line; the target checks every drafted token against its own
 //! greedy token in one forward, keeps the agreeing run and adds its own token at the first
 //! mismatch. Each slot's body is therefore exactly the target's greedy continuation of the
-//! slot request, as `target-self` writes it, and goes through the same line checks.
+//! slot request, as `target-self` writes it, and goes through the same line checks. The
+//! draft length adapts per slot (see `Body::draft_len`).
 
 use crate::backend::{Request, RequestKind, Response, Speculated};
 use crate::baselines::take_lines;
@@ -14,6 +15,9 @@ struct Body {
     text: String,
     tokens: usize,
     done: Option<StopReason>,
+    /// Drafter tokens to ask for next: doubled after a draft kept whole, cut to what was
+    /// kept (plus one) otherwise, so a drafter that disagrees costs little.
+    draft_len: usize,
 }
 
 /// Runs the lossless mode over an open job.
@@ -34,10 +38,12 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             text: String::new(),
             tokens: 0,
             done: (cfg.slot_max_tokens == 0).then_some(StopReason::MaxTokens),
+            draft_len: cfg.draft_tokens.min(8),
         })
         .collect();
-    // Every step adds at least one target token to each live body.
-    for _ in 0..=cfg.slot_max_tokens {
+    // Every step adds at least one target token to each live body. The first reads the
+    // slot requests and takes the target's first tokens: nothing to draft after yet.
+    for step in 0..=cfg.slot_max_tokens {
         let live: Vec<usize> = (0..bodies.len())
             .filter(|&i| bodies[i].done.is_none())
             .collect();
@@ -46,24 +52,37 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         }
         let drafts: Vec<Request> = live
             .iter()
+            .filter(|_| step > 0)
             .map(|&i| Request {
                 stream: i,
                 prompt: vec![dreq[i].clone(), bodies[i].text.clone()],
                 kind: RequestKind::Generate {
-                    max_tokens: cfg.draft_tokens,
+                    max_tokens: bodies[i].draft_len.max(1),
                     stop_at_newline: true,
                 },
                 lines: Default::default(),
             })
             .collect();
-        let (dout, dms) = job.run_drafter(&drafts)?;
+        let (dout, dms) = if drafts.is_empty() {
+            (Vec::new(), 0.0)
+        } else {
+            job.run_drafter(&drafts)?
+        };
+        let mut dout = dout.into_iter();
         let mut specs = Vec::with_capacity(live.len());
-        for (&i, resp) in live.iter().zip(dout) {
-            let g = resp.into_generated(job.drafter.name())?;
-            job.trace.drafter_tokens += g.tokens;
-            let mut draft = g.text;
-            if g.reason == StopReason::Newline {
-                draft.push('\n');
+        for &i in &live {
+            let mut draft = String::new();
+            if step > 0 {
+                let resp = dout.next().ok_or_else(|| Error::Backend {
+                    backend: job.drafter.name().to_string(),
+                    reason: "fewer responses than requests".into(),
+                })?;
+                let g = resp.into_generated(job.drafter.name())?;
+                job.trace.drafter_tokens += g.tokens;
+                draft = g.text;
+                if g.reason == StopReason::Newline {
+                    draft.push('\n');
+                }
             }
             specs.push(Request {
                 stream: i,
@@ -80,7 +99,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         t.verify_ms += tms;
         t.drafter_calls += drafts.len();
         t.verify_calls += specs.len();
-        t.batches += 2;
+        t.batches += 1 + usize::from(!drafts.is_empty());
         for (&i, resp) in live.iter().zip(tout) {
             let Response::Speculated(Speculated {
                 text,
@@ -99,7 +118,17 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             job.trace.target_tokens += tokens - b.tokens;
             job.trace.spec_tokens_drafted += drafted;
             job.trace.spec_tokens_kept += accepted;
-            *b = Body { text, tokens, done };
+            let draft_len = if accepted >= drafted && drafted > 0 {
+                (b.draft_len * 2).min(cfg.draft_tokens.max(1))
+            } else {
+                accepted + 1
+            };
+            *b = Body {
+                text,
+                tokens,
+                done,
+                draft_len,
+            };
         }
     }
     let mut out = Vec::with_capacity(bodies.len());

@@ -387,9 +387,10 @@ impl Backend for Scripted {
                     let head = r.prompt.first().map_or("", String::as_str);
                     let draft = r.prompt.get(1).map_or("", String::as_str);
                     let full = (self.generate)(r.stream, head);
-                    let path = match session.paths.get(&r.stream) {
-                        Some((h, n)) if h == head => *n,
-                        _ => 0,
+                    // A new path takes the first token without a draft, as models do.
+                    let (path, draft) = match session.paths.get(&r.stream) {
+                        Some((h, n)) if h == head => (*n, draft),
+                        _ => (0, ""),
                     };
                     Response::Speculated(speculate(&full, path, draft, max_tokens))
                 }

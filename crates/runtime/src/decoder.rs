@@ -342,6 +342,18 @@ impl Decoder {
     /// token count for [`LogitsAt::All`] or the row's index count for [`LogitsAt::At`]. Rows may have different suffix lengths, token
     /// counts and prefixes (rows are grouped by prefix internally).
     pub fn forward(&self, rows: &mut [Row<'_>], at: LogitsAt) -> Result<Vec<Tensor>> {
+        self.forward_with(rows, at, true)
+    }
+
+    /// [`Decoder::forward`]; `dense = false` keeps every projection on its quantized kernel
+    /// (as one-row decode steps run it), so a many-token check of a greedy path computes what
+    /// decoding that path token by token computes, up to the attention's operation order.
+    pub fn forward_with(
+        &self,
+        rows: &mut [Row<'_>],
+        at: LogitsAt,
+        dense: bool,
+    ) -> Result<Vec<Tensor>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -413,7 +425,7 @@ impl Decoder {
                 LogitsAt::At(all) => LogitsAt::At(idx.iter().map(|&i| all[i].clone()).collect()),
                 other => other.clone(),
             };
-            let res = self.forward_group(&mut sub, &group_at)?;
+            let res = self.forward_group(&mut sub, &group_at, dense)?;
             for (i, t) in idx.into_iter().zip(res) {
                 out[i] = Some(t);
             }
@@ -421,7 +433,12 @@ impl Decoder {
         Ok(out.into_iter().flatten().collect())
     }
 
-    fn forward_group(&self, rows: &mut [&mut Row<'_>], at: &LogitsAt) -> Result<Vec<Tensor>> {
+    fn forward_group(
+        &self,
+        rows: &mut [&mut Row<'_>],
+        at: &LogitsAt,
+        dense: bool,
+    ) -> Result<Vec<Tensor>> {
         let cfg = &self.cfg;
         let dev = &self.device;
         let b = rows.len();
@@ -471,9 +488,9 @@ impl Decoder {
         let scale = cfg.attn_scale;
         for (li, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x)?;
-            let mut q = blk.wq.forward(&h)?.reshape((b, t, hq, hd))?;
-            let mut k = blk.wk.forward(&h)?.reshape((b, t, hkv, hd))?;
-            let v = blk.wv.forward(&h)?.reshape((b, t, hkv, hd))?;
+            let mut q = blk.wq.forward_with(&h, dense)?.reshape((b, t, hq, hd))?;
+            let mut k = blk.wk.forward_with(&h, dense)?.reshape((b, t, hkv, hd))?;
+            let v = blk.wv.forward_with(&h, dense)?.reshape((b, t, hkv, hd))?;
             if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
                 q = qn.forward(&q)?;
                 k = kn.forward(&k)?;
@@ -562,18 +579,20 @@ impl Decoder {
                 .permute((1, 3, 0, 2, 4))?
                 .contiguous()?
                 .reshape((b, t, hq * hd))?;
-            let mut attn = blk.wo.forward(&o)?;
+            let mut attn = blk.wo.forward_with(&o, dense)?;
             if let Some(pn) = &blk.post_attn_norm {
                 attn = pn.forward(&attn)?;
             }
             x = (x + attn)?;
             let h = blk.ffn_norm.forward(&x)?;
-            let gate = blk.gate.forward(&h)?;
+            let gate = blk.gate.forward_with(&h, dense)?;
             let gate = match cfg.activation {
                 Activation::Silu => candle_nn::ops::silu(&gate)?,
                 Activation::GeluTanh => gate.gelu()?,
             };
-            let mut m = blk.down.forward(&(gate * blk.up.forward(&h)?)?)?;
+            let mut m = blk
+                .down
+                .forward_with(&(gate * blk.up.forward_with(&h, dense)?)?, dense)?;
             if let Some(pn) = &blk.post_ffn_norm {
                 m = pn.forward(&m)?;
             }
@@ -605,7 +624,7 @@ impl Decoder {
         let pick = Tensor::from_vec(pick, npick, dev)?;
         let logits = self
             .lm_head
-            .forward(&x.index_select(&pick, 0)?)?
+            .forward_with(&x.index_select(&pick, 0)?, dense)?
             .to_dtype(DType::F32)?;
         let mut out = Vec::with_capacity(b);
         let mut at_row = 0;

@@ -150,9 +150,15 @@ impl Linear {
 
     /// Applies the projection to `x` of shape (.., in).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, true)
+    }
+
+    /// [`Linear::forward`]; `dense = false` keeps the quantized kernel whatever the row
+    /// count (its rows are computed as one-row forwards compute them).
+    pub fn forward_with(&self, x: &Tensor, dense: bool) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
         let y = match &self.dense {
-            Some((w, min_rows)) if rows >= *min_rows => {
+            Some((w, min_rows)) if dense && rows >= *min_rows => {
                 let dims = x.dims().to_vec();
                 let x2 = x.reshape((rows, dims[dims.len() - 1]))?;
                 let y = x2.matmul(&w.t()?)?;
