@@ -11,8 +11,19 @@ use std::path::PathBuf;
 
 /// Path of a verified cached model, `None` (with a message) when absent and not required.
 pub fn real_model(name: &str) -> Option<PathBuf> {
+    real_model_if(name, true)
+}
+
+/// [`real_model`] for a model the test command does not fetch: skipped when absent, even
+/// when real models are required.
+pub fn optional_real_model(name: &str) -> Option<PathBuf> {
+    real_model_if(name, false)
+}
+
+fn real_model_if(name: &str, may_require: bool) -> Option<PathBuf> {
     let store = Store::open_default().expect("store manifests");
-    let required = std::env::var("SPECCOMPACT_REQUIRE_MODELS").is_ok_and(|v| v == "1");
+    let required =
+        may_require && std::env::var("SPECCOMPACT_REQUIRE_MODELS").is_ok_and(|v| v == "1");
     match store.verify(name).expect("verify") {
         Status::Verified => Some(store.path(name).expect("path")),
         other => {

@@ -556,7 +556,12 @@ fn verification_scores_equal_a_full_recompute() {
         let lp: Vec<f32> = logp.get(pos).unwrap().to_vec1().unwrap();
         let t = toks[span.start + k];
         assert_eq!(s.token, t);
-        assert!((s.logprob - lp[t as usize]).abs() < 1e-4, "{k}: {} vs {}", s.logprob, lp[t as usize]);
+        assert!(
+            (s.logprob - lp[t as usize]).abs() < 1e-4,
+            "{k}: {} vs {}",
+            s.logprob,
+            lp[t as usize]
+        );
         let rank = row.iter().filter(|&&x| x > row[t as usize]).count() as u32;
         assert!(s.rank.abs_diff(rank) <= 1, "{k}: rank {} vs {rank}", s.rank);
         let best = row

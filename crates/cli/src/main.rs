@@ -415,7 +415,9 @@ fn compactor(cli: &Cli, store: &Store, a: &EngineArgs) -> Result<Compactor> {
         };
     }
     if let Some(v) = &a.verify {
-        cfg.verify = v.parse().map_err(|e: String| anyhow::anyhow!("--verify: {e}"))?;
+        cfg.verify = v
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--verify: {e}"))?;
         cfg.explicit.push("verify".into());
     }
     cfg.validate("command line")?;
@@ -967,8 +969,18 @@ fn calibrate_cmd(
             .iter()
             .map(|l| sources.iter().position(|s| s.id == l.session).unwrap_or(0))
             .collect();
-        let rep = speccompact_engine::calibrate::line_rule::calibrate_rule(&line_scores, &labels, &session, 5);
-        writeln!(md, "\nLine rule over the verification scores of variant `{}`:\n\n{}", e.variant, rep.markdown())?;
+        let rep = speccompact_engine::calibrate::line_rule::calibrate_rule(
+            &line_scores,
+            &labels,
+            &session,
+            5,
+        );
+        writeln!(
+            md,
+            "\nLine rule over the verification scores of variant `{}`:\n\n{}",
+            e.variant,
+            rep.markdown()
+        )?;
         let round = |x: f64| (x * 1000.0).round() / 1000.0;
         e.line_rule = Some(rep.rule.clone());
         e.line_rule_auc = Some(round(rep.candidates[rep.chosen].held_out_auc));

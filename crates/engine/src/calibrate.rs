@@ -944,19 +944,40 @@ mod tests {
                 lines: 200,
                 sessions: 10,
                 rule: "r".into(),
+                line_rule: Some(crate::verify::LineRule::from_weights(
+                    [0.0, 1.0, 0.0, 2.0],
+                    0.5,
+                    0.6,
+                )),
+                line_rule_auc: Some(0.9),
+                line_rule_accept: Some(0.6),
+                line_rule_false_accept: Some(0.08),
             },
         );
         let text = cal.to_toml().unwrap();
         assert_eq!(Calibrations::parse(&text, "x").unwrap(), cal);
         let mut c = CompactionConfig::default();
         c.target = "t".into();
-        assert!(c.apply_calibration(&cal, &variants).is_some());
+        let applied = c.apply_calibration(&cal, &variants).unwrap();
+        assert!(applied.contains("line rule"), "{applied}");
+        assert_eq!(c.line_rule, cal.models["t"].line_rule);
         assert_eq!(c.eta, 0.55);
         assert!(c.prompts.judge.starts_with("Claim:"));
         assert!(c.positive_labels.contains(&"True".to_string()));
         let mut u = CompactionConfig::overlay("eta = 0.8\ntarget = \"t\"", "user.toml").unwrap();
         u.apply_calibration(&cal, &variants);
         assert_eq!(u.eta, 0.8, "the user's eta wins");
+        assert!(
+            u.line_rule.is_none(),
+            "an eta set alone asks for the ratio rule"
+        );
+        let mut both = CompactionConfig::overlay(
+            "eta = 0.8\nverify = \"calibrated\"\ntarget = \"t\"",
+            "user.toml",
+        )
+        .unwrap();
+        both.apply_calibration(&cal, &variants);
+        assert!(both.line_rule.is_some(), "the mode the user chose applies");
         assert!(u.prompts.judge.starts_with("Claim:"));
         let mut f =
             CompactionConfig::overlay("calibrated = false\ntarget = \"t\"", "user.toml").unwrap();

@@ -21,8 +21,8 @@ pub mod bench;
 pub mod calibrate;
 pub mod compactor;
 pub mod config;
-mod exact;
 mod error;
+mod exact;
 pub mod judge;
 pub mod lines;
 pub mod model_backend;
@@ -34,8 +34,8 @@ pub mod speculative;
 pub mod verify;
 
 pub use backend::{
-    Backend, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response,
-    Speculated, Verified,
+    Backend, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response, Speculated,
+    Verified,
 };
 pub use compactor::{
     Compaction, Compactor, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,

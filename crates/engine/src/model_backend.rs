@@ -2,8 +2,7 @@
 //! session holding the frozen prefix and one forked sequence per stream.
 
 use crate::backend::{
-    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated,
-    Verified,
+    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated, Verified,
 };
 use crate::prompt::ChatFormat;
 use crate::{Error, Result};
@@ -118,7 +117,8 @@ impl ModelBackend {
         let ctx = self.context_length();
         let mut plans = Vec::with_capacity(requests.len());
         for r in requests {
-            let (RequestKind::Speculate { max_tokens }, [head, draft]) = (r.kind, r.prompt.as_slice())
+            let (RequestKind::Speculate { max_tokens }, [head, draft]) =
+                (r.kind, r.prompt.as_slice())
             else {
                 return Err(self.err(format!(
                     "stream {}: a speculation's prompt is [head, draft]",
@@ -149,7 +149,10 @@ impl ModelBackend {
                     fed.extend_from_slice(&draft);
                     (fed, before)
                 }
-                Some(SpecPath { head: h, pending: None }) if *h == head => {
+                Some(SpecPath {
+                    head: h,
+                    pending: None,
+                }) if *h == head => {
                     return Err(self.err(format!("stream {}: its path has ended", r.stream)));
                 }
                 _ => {
@@ -187,7 +190,9 @@ impl ModelBackend {
         // greedy decoding takes.
         let mut logits: Vec<Option<candle_core::Tensor>> = vec![None; plans.len()];
         for fresh in [true, false] {
-            let idx: Vec<usize> = (0..plans.len()).filter(|&i| plans[i].fresh == fresh).collect();
+            let idx: Vec<usize> = (0..plans.len())
+                .filter(|&i| plans[i].fresh == fresh)
+                .collect();
             if idx.is_empty() {
                 continue;
             }
@@ -447,7 +452,9 @@ impl Backend for ModelBackend {
                         )));
                     }
                     let start = self.tokens(&mut session.segments, &r.prompt[..line])?.len();
-                    let len = self.tokens(&mut session.segments, &r.prompt[line..=line])?.len();
+                    let len = self
+                        .tokens(&mut session.segments, &r.prompt[line..=line])?
+                        .len();
                     if start == 0 {
                         return Err(self.err(format!(
                             "stream {}: nothing before the verified line",
@@ -549,16 +556,17 @@ impl Backend for ModelBackend {
                     j.ok_or_else(|| self.err(format!("stream {}: no distribution", r.stream)))?,
                 ),
                 RequestKind::Verify { .. } => Response::Verified(Verified {
-                    top: j.ok_or_else(|| {
-                        self.err(format!("stream {}: no distribution", r.stream))
-                    })?,
+                    top: j
+                        .ok_or_else(|| self.err(format!("stream {}: no distribution", r.stream)))?,
                     line: line_tokens(tok, &out.scores)?,
                 }),
-                RequestKind::Generate { .. } | RequestKind::Speculate { .. } => Response::Generated(Generated {
-                    tokens: out.tokens.len() + usize::from(out.stop_token.is_some()),
-                    text: out.text,
-                    reason: out.reason,
-                }),
+                RequestKind::Generate { .. } | RequestKind::Speculate { .. } => {
+                    Response::Generated(Generated {
+                        tokens: out.tokens.len() + usize::from(out.stop_token.is_some()),
+                        text: out.text,
+                        reason: out.reason,
+                    })
+                }
             });
         }
         Ok(responses)

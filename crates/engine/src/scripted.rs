@@ -5,8 +5,7 @@
 //! it), so `max_tokens` and the newline rule behave as with a real tokenizer.
 
 use crate::backend::{
-    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated,
-    Verified,
+    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated, Verified,
 };
 use crate::prompt::ChatFormat;
 use crate::Result;
@@ -145,7 +144,12 @@ impl Scripted {
     pub fn judge_calls(&self) -> usize {
         self.calls()
             .iter()
-            .filter(|c| matches!(c.kind, RequestKind::Judge { .. } | RequestKind::Verify { .. }))
+            .filter(|c| {
+                matches!(
+                    c.kind,
+                    RequestKind::Judge { .. } | RequestKind::Verify { .. }
+                )
+            })
             .count()
     }
 
@@ -403,9 +407,10 @@ impl Backend for Scripted {
         }
         for (r, resp) in requests.iter().zip(&out) {
             if let Response::Speculated(sp) = resp {
-                session
-                    .paths
-                    .insert(r.stream, (r.prompt.first().cloned().unwrap_or_default(), sp.tokens));
+                session.paths.insert(
+                    r.stream,
+                    (r.prompt.first().cloned().unwrap_or_default(), sp.tokens),
+                );
             }
         }
         Ok(out)

@@ -518,7 +518,11 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             let own = scores.tokens > 0 && scores.greedy_fraction >= 1.0;
             let (accepted, probability, by) = match rule {
                 Some(_) if own => (true, None, "own-line"),
-                Some(rule) => (rule.accepts(&scores), Some(rule.probability(&scores)), "rule"),
+                Some(rule) => (
+                    rule.accepts(&scores),
+                    Some(rule.probability(&scores)),
+                    "rule",
+                ),
                 None => (j.accepts(cfg.eta), None, "ratio"),
             };
             let s = &mut streams[req.stream];

@@ -125,7 +125,11 @@ pub const FEATURES: [&str; 4] = ["r", "mean_logprob", "min_logprob", "greedy_fra
 /// The text of a line before its first divergence (the part the target agrees with): the
 /// concatenated texts of the tokens before it, without a newline.
 pub fn agreed_prefix(line: &[LineToken], divergence: usize) -> String {
-    let s: String = line.iter().take(divergence).map(|t| t.text.as_str()).collect();
+    let s: String = line
+        .iter()
+        .take(divergence)
+        .map(|t| t.text.as_str())
+        .collect();
     match s.find('\n') {
         Some(i) => s[..i].to_string(),
         None => s,
@@ -165,7 +169,12 @@ impl LineRule {
 
     /// Weights in [`FEATURES`] order.
     pub fn weights(&self) -> [f64; 4] {
-        [self.r, self.mean_logprob, self.min_logprob, self.greedy_fraction]
+        [
+            self.r,
+            self.mean_logprob,
+            self.min_logprob,
+            self.greedy_fraction,
+        ]
     }
 
     /// The rule's probability that the line is true.
@@ -220,7 +229,11 @@ pub fn fit_logistic(x: &[[f64; 4]], y: &[bool], mask: [bool; 4], l2: f64) -> Log
         .map(|v| {
             let mut o = [0.0; 4];
             for k in 0..4 {
-                o[k] = if mask[k] { (v[k] - mean[k]) / sd[k] } else { 0.0 };
+                o[k] = if mask[k] {
+                    (v[k] - mean[k]) / sd[k]
+                } else {
+                    0.0
+                };
             }
             o
         })
@@ -301,13 +314,19 @@ mod tests {
             rank: 5,
             floor: 0.05,
         };
-        assert_eq!(LineScores::new(&judgment(0.8), &line, &loose).divergence, Some(3));
+        assert_eq!(
+            LineScores::new(&judgment(0.8), &line, &loose).divergence,
+            Some(3)
+        );
         // A floor above exp(-1.5) stops at " limit".
         let floor = Divergence {
             rank: 100,
             floor: 0.3,
         };
-        assert_eq!(LineScores::new(&judgment(0.8), &line, &floor).divergence, Some(1));
+        assert_eq!(
+            LineScores::new(&judgment(0.8), &line, &floor).divergence,
+            Some(1)
+        );
         assert_eq!(agreed_prefix(&line, 2), "- The limit");
         assert_eq!(agreed_prefix(&line, 5), "- The limit is 2");
         assert_eq!(agreed_prefix(&line, 0), "");
@@ -347,7 +366,12 @@ mod tests {
         let x: Vec<[f64; 4]> = (0..40)
             .map(|i| {
                 let t = i % 2 == 0;
-                [((i * 7) % 5) as f64, i as f64, 0.0, if t { 0.9 } else { 0.2 }]
+                [
+                    ((i * 7) % 5) as f64,
+                    i as f64,
+                    0.0,
+                    if t { 0.9 } else { 0.2 },
+                ]
             })
             .collect();
         let y: Vec<bool> = (0..40).map(|i| i % 2 == 0).collect();

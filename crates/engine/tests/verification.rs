@@ -52,7 +52,11 @@ fn greedy_rule() -> LineRule {
     LineRule::from_weights([0.0, 0.0, 0.0, 40.0], -30.0, 0.5)
 }
 
-fn run(cfg: CompactionConfig, d: Scripted, t: Scripted) -> (speccompact_engine::Compaction, Arc<Scripted>) {
+fn run(
+    cfg: CompactionConfig,
+    d: Scripted,
+    t: Scripted,
+) -> (speccompact_engine::Compaction, Arc<Scripted>) {
     let (d, t) = (Arc::new(d), Arc::new(t));
     let c = Compactor::new(d, t.clone(), cfg).unwrap();
     let out = c
@@ -175,11 +179,16 @@ fn a_rejected_line_is_repaired_from_its_first_divergence_reusing_the_verified_pr
         .unwrap();
     let repair = calls
         .iter()
-        .find(|c| matches!(c.kind, RequestKind::Generate { .. }) && c.prompt.ends_with("- The limit "))
+        .find(|c| {
+            matches!(c.kind, RequestKind::Generate { .. }) && c.prompt.ends_with("- The limit ")
+        })
         .unwrap();
     // The repair's prompt is a prefix of the verification's: its cache is reused up to the
     // divergence.
-    assert!(verify.prompt.starts_with(&repair.prompt), "{verify:?} / {repair:?}");
+    assert!(
+        verify.prompt.starts_with(&repair.prompt),
+        "{verify:?} / {repair:?}"
+    );
     assert_eq!(repair.stream, verify.stream);
 }
 
@@ -225,7 +234,10 @@ fn the_exact_mode_equals_target_self_and_keeps_agreeing_draft_words() {
     let (d, t) = mk();
     let (out, t) = run(cfg, d, t);
     assert_eq!(out.markdown, want.markdown);
-    assert_eq!(texts(&out), ["- fix upload.py off-by-one", "- keep retry limit at 3"]);
+    assert_eq!(
+        texts(&out),
+        ["- fix upload.py off-by-one", "- keep retry limit at 3"]
+    );
     // The target takes "- " first; drafted words that agree with its body are kept;
     // "change" is replaced by "keep".
     assert!(out.trace.spec_tokens_kept >= 2, "{:?}", out.trace);

@@ -257,8 +257,9 @@ pub fn greedy_rows_gated(
                         .zip(&spans)
                         .map(|(&i, span)| {
                             let last = next[i].len() - 1;
-                            let mut ix: Vec<usize> =
-                                span.clone().map_or(Vec::new(), |s| (s.start - 1..s.end - 1).collect());
+                            let mut ix: Vec<usize> = span
+                                .clone()
+                                .map_or(Vec::new(), |s| (s.start - 1..s.end - 1).collect());
                             ix.push(last);
                             ix
                         })

@@ -48,7 +48,10 @@ fn masks() -> Vec<(String, [bool; 4])> {
             (f.to_string(), m)
         })
         .collect();
-    out.push(("mean_logprob + greedy_fraction".into(), [false, true, false, true]));
+    out.push((
+        "mean_logprob + greedy_fraction".into(),
+        [false, true, false, true],
+    ));
     out.push(("token scores (no r)".into(), [false, true, true, true]));
     out.push(("all four".into(), [true, true, true, true]));
     out
@@ -74,8 +77,18 @@ fn held_out(x: &[[f64; 4]], y: &[bool], fold: &[usize], folds: usize, mask: [boo
 }
 
 fn split(v: &[f64], y: &[bool]) -> (Vec<f32>, Vec<f32>) {
-    let pos = v.iter().zip(y).filter(|(_, &t)| t).map(|(&s, _)| s as f32).collect();
-    let neg = v.iter().zip(y).filter(|(_, &t)| !t).map(|(&s, _)| s as f32).collect();
+    let pos = v
+        .iter()
+        .zip(y)
+        .filter(|(_, &t)| t)
+        .map(|(&s, _)| s as f32)
+        .collect();
+    let neg = v
+        .iter()
+        .zip(y)
+        .filter(|(_, &t)| !t)
+        .map(|(&s, _)| s as f32)
+        .collect();
     (pos, neg)
 }
 
@@ -114,7 +127,8 @@ pub fn calibrate_rule(
     let mut chosen = 0;
     for (i, c) in candidates.iter().enumerate() {
         let best = &candidates[chosen];
-        let fewer = c.mask.iter().filter(|&&m| m).count() < best.mask.iter().filter(|&&m| m).count();
+        let fewer =
+            c.mask.iter().filter(|&&m| m).count() < best.mask.iter().filter(|&&m| m).count();
         if c.held_out_auc > best.held_out_auc + 1e-9
             || ((c.held_out_auc - best.held_out_auc).abs() <= 1e-9 && fewer)
         {
@@ -187,7 +201,11 @@ mod tests {
         for i in 0..120usize {
             let t = i % 2 == 0;
             let noise = ((i * 37) % 11) as f32 / 11.0;
-            scores.push(s(noise, if t { -0.5 } else { -1.5 } + noise * 0.3, if t { 0.8 } else { 0.4 } + noise * 0.1));
+            scores.push(s(
+                noise,
+                if t { -0.5 } else { -1.5 } + noise * 0.3,
+                if t { 0.8 } else { 0.4 } + noise * 0.1,
+            ));
             labels.push(t);
             session.push(i / 10);
         }
@@ -195,11 +213,21 @@ mod tests {
         let r_auc = rep.single_auc[0].1;
         assert!(r_auc < 0.7, "{r_auc}");
         assert!(rep.candidates[rep.chosen].held_out_auc > 0.95, "{rep:?}");
-        assert!(!rep.candidates[rep.chosen].mask[0] || rep.candidates[rep.chosen].mask.iter().all(|&m| m));
+        assert!(
+            !rep.candidates[rep.chosen].mask[0]
+                || rep.candidates[rep.chosen].mask.iter().all(|&m| m)
+        );
         // The shipped rule reproduces the held-out operating point on these lines roughly.
-        let acc = scores.iter().zip(&labels).filter(|(s, &t)| t && rep.rule.accepts(s)).count();
+        let acc = scores
+            .iter()
+            .zip(&labels)
+            .filter(|(s, &t)| t && rep.rule.accepts(s))
+            .count();
         assert!(acc >= 50, "{acc}");
         let md = rep.markdown();
-        assert!(md.contains("(chosen)") && md.contains("greedy_fraction"), "{md}");
+        assert!(
+            md.contains("(chosen)") && md.contains("greedy_fraction"),
+            "{md}"
+        );
     }
 }
