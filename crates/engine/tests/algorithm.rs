@@ -189,7 +189,12 @@ fn buffered_lines_are_used_without_new_drafter_calls() {
         .target
         .calls()
         .into_iter()
-        .filter(|c| matches!(c.kind, RequestKind::Judge { .. }))
+        .filter(|c| {
+            matches!(
+                c.kind,
+                RequestKind::Judge { .. } | RequestKind::Verify { .. }
+            )
+        })
         .map(|c| c.prompt)
         .collect();
     assert!(
