@@ -23,16 +23,8 @@ struct Body {
 /// Runs the lossless mode over an open job.
 pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     let cfg = job.cfg;
-    let dreq: Vec<String> = cfg
-        .slots
-        .iter()
-        .map(|s| prompt::slot_request(job.drafter.format(), cfg, s))
-        .collect();
-    let treq: Vec<String> = cfg
-        .slots
-        .iter()
-        .map(|s| prompt::slot_request(job.target.format(), cfg, s))
-        .collect();
+    let dreq = prompt::slot_requests(job.drafter.format(), cfg);
+    let treq = prompt::slot_requests(job.target.format(), cfg);
     let mut bodies: Vec<Body> = (0..cfg.slots.len())
         .map(|_| Body {
             text: String::new(),

@@ -45,6 +45,12 @@ struct SpecPath {
 }
 
 impl ModelSession {
+    /// A stream's sequence, forked from its own prefix (or the session's) on first use.
+    fn stream(&mut self, stream: usize) -> &mut Sequence {
+        let prefix = self.stream_prefixes.get(&stream).unwrap_or(&self.prefix);
+        self.streams.entry(stream).or_insert_with(|| prefix.fork())
+    }
+
     /// Tokens of the shared prefix.
     pub fn prefix_len(&self) -> usize {
         self.prefix.len()
@@ -130,16 +136,9 @@ impl ModelBackend {
                 return Err(self.err(format!("stream {}: empty head", r.stream)));
             }
             let mut draft = tok.encode(draft, false)?;
-            let prefix = session
-                .stream_prefixes
-                .get(&r.stream)
-                .unwrap_or(&session.prefix);
-            let seq = session
-                .streams
-                .entry(r.stream)
-                .or_insert_with(|| prefix.fork());
-            let path = session.paths.get(&r.stream);
-            let (fed, before) = match path {
+            let path = session.paths.get(&r.stream).cloned();
+            let seq = session.stream(r.stream);
+            let (fed, before) = match &path {
                 Some(SpecPath {
                     head: h,
                     pending: Some(c),
@@ -468,14 +467,7 @@ impl Backend for ModelBackend {
             if want.is_empty() {
                 return Err(self.err(format!("stream {}: empty prompt", r.stream)));
             }
-            let prefix = session
-                .stream_prefixes
-                .get(&r.stream)
-                .unwrap_or(&session.prefix);
-            let seq = session
-                .streams
-                .entry(r.stream)
-                .or_insert_with(|| prefix.fork());
+            let seq = session.stream(r.stream);
             let have = seq.suffix_tokens();
             let mut common = have.iter().zip(&want).take_while(|(a, b)| a == b).count();
             // At least one token is fed, so the forward yields the next distribution (and the

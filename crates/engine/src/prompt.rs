@@ -111,6 +111,11 @@ pub fn prefix(f: &ChatFormat, c: &CompactionConfig, transcript: &str) -> String 
     s
 }
 
+/// [`slot_request`] of every slot, in schema order.
+pub fn slot_requests(f: &ChatFormat, c: &CompactionConfig) -> Vec<String> {
+    c.slots.iter().map(|s| slot_request(f, c, s)).collect()
+}
+
 /// The request for one slot, ending with the opened assistant turn and the slot's heading.
 pub fn slot_request(f: &ChatFormat, c: &CompactionConfig, slot: &SlotSpec) -> String {
     let ask = c

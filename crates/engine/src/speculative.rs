@@ -348,16 +348,8 @@ fn take_whole<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, g: &Generated) -
 /// Runs the speculative method over an open job.
 pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     let cfg = job.cfg;
-    let dreq: Vec<String> = cfg
-        .slots
-        .iter()
-        .map(|s| prompt::slot_request(job.drafter.format(), cfg, s))
-        .collect();
-    let treq: Vec<String> = cfg
-        .slots
-        .iter()
-        .map(|s| prompt::slot_request(job.target.format(), cfg, s))
-        .collect();
+    let dreq = prompt::slot_requests(job.drafter.format(), cfg);
+    let treq = prompt::slot_requests(job.target.format(), cfg);
     let question = prompt::judge_question(job.target.format(), cfg);
     let mut streams: Vec<Stream> = (0..cfg.slots.len())
         .map(|slot| Stream {
