@@ -156,6 +156,31 @@ pub fn rss_bytes() -> Option<u64> {
 
 /// Median seconds (3 runs) of one 32-token suffix over `prefix`, and of 6 rows of 32-37
 /// tokens over the same prefix in one batched forward (logits of each row's last token).
+pub fn step_timing(
+    d: &speccompact_runtime::Decoder,
+    prefix: &std::sync::Arc<speccompact_runtime::Prefix>,
+) -> Result<(f64, f64)> {
+    use speccompact_runtime::{LogitsAt, Row};
+    let step = |rows: usize| {
+        median(5, || {
+            let mut seqs: Vec<_> = (0..rows).map(|_| prefix.fork()).collect();
+            let toks: Vec<[u32; 1]> = (0..rows).map(|r| [300 + r as u32]).collect();
+            let mut batch: Vec<Row<'_>> = seqs
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| Row { seq: s, tokens: t })
+                .collect();
+            d.forward(&mut batch, LogitsAt::Last)?;
+            Ok(())
+        })
+    };
+    let (one, six) = (step(1)?, step(6)?);
+    eprintln!("decode step: one row {one:.4} s, six rows {six:.4} s");
+    Ok((one, six))
+}
+
+/// One forward of 32 new tokens over the prefix, and of 6 rows of 32 (distinct tokens per
+/// row), in seconds (median of 3).
 pub fn verify_timing(
     d: &speccompact_runtime::Decoder,
     prefix: &std::sync::Arc<speccompact_runtime::Prefix>,

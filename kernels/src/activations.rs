@@ -97,7 +97,9 @@ mod tests {
 
     #[test]
     fn round_trip_is_within_half_a_step() {
-        let x: Vec<f32> = (0..128).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let x: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
         let q = QuantizedRows::quantize(&x, 2, 64).unwrap();
         let y = q.dequantize();
         for (b, (xs, ys)) in x.chunks(32).zip(y.chunks(32)).enumerate() {

@@ -2,7 +2,7 @@
 //! one f32 accumulator per row of the tile.
 
 use crate::activations::QuantizedRows;
-use crate::formats::{f16_at, WeightType};
+use crate::formats::{f16_at, WeightType, Q8_TILE_BLOCK, TILE_N};
 use std::arch::x86_64::*;
 
 #[inline]
@@ -41,20 +41,8 @@ pub(crate) unsafe fn column<const R: usize>(
     let wp = w.as_ptr();
     let units = w.len() / ty.unit_bytes();
     match ty {
-        WeightType::Q8_0 => {
-            for u in 0..units {
-                let b = wp.add(34 * u);
-                let d = f16_at(w, 34 * u);
-                let wv = _mm256_loadu_si256(b.add(2) as *const __m256i);
-                let aw = _mm256_abs_epi8(wv);
-                for r in 0..R {
-                    let (a, da, _) = rows[r];
-                    let av = _mm256_loadu_si256(a.as_ptr().add(32 * u) as *const __m256i);
-                    let s = _mm256_set1_ps(d * *da.get_unchecked(u));
-                    acc[r] = _mm256_fmadd_ps(dot_signed(aw, wv, av), s, acc[r]);
-                }
-            }
-        }
+        // Q8_0 goes through `tile_q8_0`.
+        WeightType::Q8_0 => {}
         WeightType::Q4K => {
             let mask = _mm256_set1_epi8(0xF);
             for u in 0..units {
@@ -153,5 +141,53 @@ pub(crate) unsafe fn column<const R: usize>(
     }
     for r in 0..R {
         out[r] = hsum(acc[r]) - hsum(accm[r]);
+    }
+}
+
+/// Outputs of one Q8_0 tile (16 weight rows) for rows `r0 .. r0 + R` of `x` (`out` row-major,
+/// 16 per row): 8 outputs per register, 4 inputs per `maddubs` lane pair.
+///
+/// # Safety
+/// As [`column`]; `tile` must hold whole tile blocks for `x.cols()` inputs.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile_q8_0<const R: usize>(
+    tile: &[u8],
+    x: &QuantizedRows,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let rows: [(&[i8], &[f32], &[f32]); R] = std::array::from_fn(|i| x.row(r0 + i));
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let tp = tile.as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    for b in 0..tile.len() / Q8_TILE_BLOCK {
+        let blk = tp.add(b * Q8_TILE_BLOCK);
+        let mut d = [0f32; TILE_N];
+        for (c, v) in d.iter_mut().enumerate() {
+            *v = f16_at(tile, b * Q8_TILE_BLOCK + 2 * c);
+        }
+        for h in 0..2 {
+            let dv = _mm256_loadu_ps(d.as_ptr().add(8 * h));
+            let w: [__m256i; 8] = std::array::from_fn(|g| {
+                _mm256_loadu_si256(blk.add(64 + 64 * g + 32 * h) as *const __m256i)
+            });
+            let aw: [__m256i; 8] = std::array::from_fn(|g| _mm256_abs_epi8(w[g]));
+            for r in 0..R {
+                let (a, da, _) = rows[r];
+                let ap = a.as_ptr().add(32 * b) as *const i32;
+                let mut s = _mm256_setzero_si256();
+                for g in 0..8 {
+                    let av = _mm256_set1_epi32(ap.add(g).read_unaligned());
+                    let p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(av, w[g]));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                }
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(*da.get_unchecked(b)));
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r][h]);
+            }
+        }
+    }
+    for r in 0..R {
+        _mm256_storeu_ps(out.as_mut_ptr().add(TILE_N * r), acc[r][0]);
+        _mm256_storeu_ps(out.as_mut_ptr().add(TILE_N * r + 8), acc[r][1]);
     }
 }

@@ -2,13 +2,17 @@
 //! products of one scale group), weights decoded once per 64 values and reused by every row of
 //! the tile.
 //!
+//! Q8_0 is interleaved by tiles of 16 outputs instead (see `formats`): each `vpdpbusd` takes
+//! 4 broadcast activations against 4 inputs of 16 outputs, so lanes are outputs and no
+//! horizontal sum is needed.
+//!
 //! `vpdpbusd` multiplies unsigned by signed bytes. Q4_K values are unsigned and take the
 //! unsigned side against the signed activations. Q8_0 and Q6_K values are signed: the
 //! activations are shifted to unsigned (`a + 128`, an xor) and `128 · Σw`, computed once per
 //! weight chunk, starts the sum negated.
 
 use crate::activations::QuantizedRows;
-use crate::formats::{f16_at, WeightType};
+use crate::formats::{f16_at, WeightType, Q8_TILE_BLOCK, TILE_N};
 use std::arch::x86_64::*;
 
 #[inline]
@@ -57,47 +61,8 @@ pub(crate) unsafe fn column<const R: usize>(
     let units = w.len() / ty.unit_bytes();
     let flip = _mm512_set1_epi8(-128);
     match ty {
-        WeightType::Q8_0 => {
-            let mut u = 0;
-            while u < units {
-                let pair = u + 1 < units;
-                let b0 = wp.add(34 * u);
-                let lo = _mm256_loadu_si256(b0.add(2) as *const __m256i);
-                let (wv, d1) = if pair {
-                    let hi = _mm256_loadu_si256(b0.add(36) as *const __m256i);
-                    (
-                        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                        f16_at(w, 34 * u + 34),
-                    )
-                } else {
-                    (_mm512_inserti64x4(_mm512_setzero_si512(), lo, 0), 0.0)
-                };
-                let d0 = f16_at(w, 34 * u);
-                let start = neg_shift(wv);
-                for r in 0..R {
-                    let (a, da, _) = rows[r];
-                    let ap = a.as_ptr().add(32 * u);
-                    let av = if pair {
-                        _mm512_loadu_si512(ap as *const __m512i)
-                    } else {
-                        _mm512_inserti64x4(
-                            _mm512_setzero_si512(),
-                            _mm256_loadu_si256(ap as *const __m256i),
-                            0,
-                        )
-                    };
-                    let s1 = if pair { d1 * *da.get_unchecked(u + 1) } else { 0.0 };
-                    let s = _mm512_mask_blend_ps(
-                        0xFF00,
-                        _mm512_set1_ps(d0 * *da.get_unchecked(u)),
-                        _mm512_set1_ps(s1),
-                    );
-                    let p = _mm512_dpbusd_epi32(start, _mm512_xor_si512(av, flip), wv);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r]);
-                }
-                u += 2;
-            }
-        }
+        // Q8_0 goes through `tile_q8_0`.
+        WeightType::Q8_0 => {}
         WeightType::Q4K => {
             let mask = _mm512_set1_epi8(0xF);
             let idx: [__m512i; 4] = std::array::from_fn(|c| lane_index(2 * c as i32, 8));
@@ -192,5 +157,53 @@ pub(crate) unsafe fn column<const R: usize>(
     }
     for r in 0..R {
         out[r] = _mm512_reduce_add_ps(acc[r]) - hsum256(accm[r]);
+    }
+}
+
+/// Outputs of one Q8_0 tile (16 weight rows) for rows `r0 .. r0 + R` of `x` (`out` row-major,
+/// 16 per row).
+///
+/// # Safety
+/// As [`column`]; `tile` must hold whole tile blocks for `x.cols()` inputs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+pub(crate) unsafe fn tile_q8_0<const R: usize>(
+    tile: &[u8],
+    x: &QuantizedRows,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let rows: [(&[i8], &[f32], &[f32]); R] = std::array::from_fn(|i| x.row(r0 + i));
+    let mut acc = [_mm512_setzero_ps(); R];
+    let tp = tile.as_ptr();
+    let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
+    for b in 0..tile.len() / Q8_TILE_BLOCK {
+        let blk = tp.add(b * Q8_TILE_BLOCK);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        let sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(blk.add(32) as *const __m256i));
+        let start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
+        let mut w = [_mm512_setzero_si512(); 8];
+        for (g, v) in w.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(blk.add(64 + 64 * g) as *const __m512i);
+        }
+        for r in 0..R {
+            let (a, da, _) = rows[r];
+            // The block's 32 activations, shifted to unsigned, in lanes 0..8.
+            let au = _mm512_xor_si512(
+                _mm512_castsi256_si512(
+                    _mm256_loadu_si256(a.as_ptr().add(32 * b) as *const __m256i),
+                ),
+                flip,
+            );
+            let mut s = start;
+            for g in 0..8 {
+                let av = _mm512_permutexvar_epi32(_mm512_set1_epi32(g as i32), au);
+                s = _mm512_dpbusd_epi32(s, av, w[g]);
+            }
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(*da.get_unchecked(b)));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);
+        }
+    }
+    for r in 0..R {
+        _mm512_storeu_ps(out.as_mut_ptr().add(TILE_N * r), acc[r]);
     }
 }

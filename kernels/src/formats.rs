@@ -2,7 +2,11 @@
 //! path is checked against.
 //!
 //! Layouts (one output row's units are contiguous; `unit` values per unit):
-//! - **Q8_0** (unit 32, 34 bytes), as GGML: `d: f16`, `qs: [i8; 32]`.
+//! - **Q8_0**, interleaved by tiles of [`TILE_N`] outputs (as ggml's and candle's repacked x86
+//!   kernels do): per tile and block of 32 inputs, `d: [f16; 16]`, `Σw: [i16; 16]`, then for
+//!   each of 8 groups of 4 inputs, 4 bytes per output: one 64-byte load holds 4 inputs of 16
+//!   outputs, and one `vpdpbusd` against 4 broadcast activations gives 16 partial sums.
+//!   Missing outputs of the last tile are zero.
 //! - **Q4_K** (unit 256, 148 bytes): `d: f16`, `dmin: f16`, `sc: [u8; 8]`, `m: [u8; 8]`
 //!   (GGML's packed 6-bit scales unpacked), `qs: [u8; 128]` reordered so that in each half `h`
 //!   byte `i` of its 64 holds value `128h + i` in the low nibble and `128h + 64 + i` in the high
@@ -13,6 +17,11 @@
 
 use crate::{Error, Result};
 use half::f16;
+
+/// Outputs per Q8_0 tile.
+pub const TILE_N: usize = 16;
+/// Bytes per Q8_0 tile and block of 32 inputs.
+pub(crate) const Q8_TILE_BLOCK: usize = 2 * TILE_N + 2 * TILE_N + 32 * TILE_N;
 
 /// A weight type the kernels implement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,10 +43,10 @@ impl WeightType {
         }
     }
 
-    /// Bytes per unit in the kernels' layout.
+    /// Bytes per unit in the kernels' layout (Q8_0: per output, averaged over a tile).
     pub const fn unit_bytes(self) -> usize {
         match self {
-            WeightType::Q8_0 => 34,
+            WeightType::Q8_0 => Q8_TILE_BLOCK / TILE_N,
             WeightType::Q4K => 148,
             WeightType::Q6K => 210,
         }
@@ -80,7 +89,8 @@ impl PackedMatrix {
             )));
         }
         let data = match ty {
-            WeightType::Q8_0 | WeightType::Q6K => bytes.to_vec(),
+            WeightType::Q8_0 => interleave_q8_0(n, k, bytes),
+            WeightType::Q6K => bytes.to_vec(),
             WeightType::Q4K => {
                 let mut out = Vec::with_capacity(units * ty.unit_bytes());
                 for b in bytes.chunks_exact(144) {
@@ -107,15 +117,21 @@ impl PackedMatrix {
         self.k
     }
 
-    /// Bytes of one output row.
-    pub(crate) fn row_bytes(&self) -> usize {
+    /// Bytes of one output row (k-quants).
+    fn row_bytes(&self) -> usize {
         self.k / self.ty.unit() * self.ty.unit_bytes()
     }
 
-    /// Output row `j`'s units.
+    /// Output row `j`'s units (k-quants).
     pub(crate) fn row(&self, j: usize) -> &[u8] {
         let rb = self.row_bytes();
         &self.data[j * rb..(j + 1) * rb]
+    }
+
+    /// Q8_0 tile `t` (outputs `16t ..`): its blocks of 32 inputs.
+    pub(crate) fn tile(&self, t: usize) -> &[u8] {
+        let tb = self.k / 32 * Q8_TILE_BLOCK;
+        &self.data[t * tb..(t + 1) * tb]
     }
 
     /// Bytes held.
@@ -126,12 +142,19 @@ impl PackedMatrix {
     /// The f32 values (row-major `n × k`), for tests and references.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = Vec::with_capacity(self.n * self.k);
-        for u in self.data.chunks_exact(self.ty.unit_bytes()) {
-            match self.ty {
-                WeightType::Q8_0 => {
-                    let (d, q) = q8_0_unit(u);
+        if self.ty == WeightType::Q8_0 {
+            for j in 0..self.n {
+                let tile = self.tile(j / TILE_N);
+                for blk in tile.chunks_exact(Q8_TILE_BLOCK) {
+                    let (d, q) = q8_0_tile_column(blk, j % TILE_N);
                     out.extend(q.iter().map(|v| d * *v as f32));
                 }
+            }
+            return out;
+        }
+        for u in self.data.chunks_exact(self.ty.unit_bytes()) {
+            match self.ty {
+                WeightType::Q8_0 => {}
                 WeightType::Q4K => {
                     let (sc, mn, q) = q4k_unit(u);
                     out.extend((0..256).map(|e| sc[e / 32] * q[e] as f32 - mn[e / 32]));
@@ -186,13 +209,33 @@ fn repack_q4k(b: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Q8_0 unit: scale and values.
-pub(crate) fn q8_0_unit(u: &[u8]) -> (f32, [i8; 32]) {
-    let mut q = [0i8; 32];
-    for (o, b) in q.iter_mut().zip(&u[2..34]) {
-        *o = *b as i8;
+fn interleave_q8_0(n: usize, k: usize, bytes: &[u8]) -> Vec<u8> {
+    let nb = k / 32;
+    let tiles = n.div_ceil(TILE_N);
+    let mut out = vec![0u8; tiles * nb * Q8_TILE_BLOCK];
+    for j in 0..n {
+        let (t, c) = (j / TILE_N, j % TILE_N);
+        for b in 0..nb {
+            let src = &bytes[34 * (j * nb + b)..34 * (j * nb + b + 1)];
+            let dst = &mut out[(t * nb + b) * Q8_TILE_BLOCK..(t * nb + b + 1) * Q8_TILE_BLOCK];
+            dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+            let sum: i16 = src[2..].iter().map(|v| *v as i8 as i16).sum();
+            dst[32 + 2 * c..34 + 2 * c].copy_from_slice(&sum.to_le_bytes());
+            for (e, v) in src[2..].iter().enumerate() {
+                dst[64 + 64 * (e / 4) + 4 * c + e % 4] = *v;
+            }
+        }
     }
-    (f16_at(u, 0), q)
+    out
+}
+
+/// Column `c` of a Q8_0 tile block: scale and values.
+pub(crate) fn q8_0_tile_column(blk: &[u8], c: usize) -> (f32, [i8; 32]) {
+    let mut q = [0i8; 32];
+    for (e, o) in q.iter_mut().enumerate() {
+        *o = blk[64 + 64 * (e / 4) + 4 * c + e % 4] as i8;
+    }
+    (f16_at(blk, 2 * c), q)
 }
 
 /// Q4_K unit: per-32 scales (`d * sc`), minimums (`dmin * m`) and the 4-bit values in order.

@@ -11,15 +11,15 @@
 //! detected at run time; any available one can be forced.
 
 mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod error;
 mod formats;
 mod isa;
 mod matmul;
 mod scalar;
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 
 pub use activations::{QuantizedRows, ACT_BLOCK};
 pub use error::{Error, Result};

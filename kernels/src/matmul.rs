@@ -2,15 +2,21 @@
 //! to eight and hands each (row tile, column) to the chosen instruction set's kernel.
 
 use crate::activations::QuantizedRows;
-use crate::formats::{PackedMatrix, WeightType};
+use crate::formats::{PackedMatrix, WeightType, TILE_N};
+#[cfg(target_arch = "x86_64")]
+use crate::{
+    avx2::column as avx2_column, avx2::tile_q8_0 as avx2_tile, avx512::column as avx512_column,
+    avx512::tile_q8_0 as avx512_tile,
+};
 use crate::{scalar, Error, Isa, Result};
 use rayon::prelude::*;
 use std::cell::RefCell;
-#[cfg(target_arch = "x86_64")]
-use crate::{avx2::column as avx2_column, avx512::column as avx512_column};
 
 /// Rows computed together against one decoded weight block.
 const ROW_TILE: usize = 8;
+
+/// Multiply-adds below which the pool's hand-off costs more than a second thread saves.
+const PARALLEL_MIN: usize = 1 << 19;
 
 /// `out[r][j] = Σ_i x[r][i] · w[j][i]` for the `m` quantized rows of `x` (`out` is `m × n`,
 /// row-major), on instruction set `isa`.
@@ -35,10 +41,35 @@ pub fn matmul(w: &PackedMatrix, x: &QuantizedRows, out: &mut [f32], isa: Isa) ->
         return Ok(());
     }
     let threads = rayon::current_num_threads().max(1);
+    let parallel = threads > 1 && m * n * k >= PARALLEL_MIN;
+    let dst = SyncPtr(out.as_mut_ptr());
+    if w.weight_type() == WeightType::Q8_0 {
+        let tiles = n.div_ceil(TILE_N);
+        let task = |t: usize| {
+            let mut buf = [0f32; ROW_TILE * TILE_N];
+            let cols = TILE_N.min(n - t * TILE_N);
+            for r0 in (0..m).step_by(ROW_TILE) {
+                let rows = ROW_TILE.min(m - r0);
+                let b = &mut buf[..rows * TILE_N];
+                tile(isa, w.tile(t), x, r0, b);
+                for (i, vals) in b.chunks_exact(TILE_N).enumerate() {
+                    for (c, v) in vals[..cols].iter().enumerate() {
+                        // SAFETY: inside the m × n output; each tile is one task's.
+                        unsafe { *dst.get().add((r0 + i) * n + t * TILE_N + c) = *v };
+                    }
+                }
+            }
+        };
+        if parallel {
+            (0..tiles).into_par_iter().for_each(task);
+        } else {
+            (0..tiles).for_each(task);
+        }
+        return Ok(());
+    }
     // Enough chunks to balance, each still a few dozen columns.
     let chunk = n.div_ceil(threads * 4).max(16);
-    let dst = SyncPtr(out.as_mut_ptr());
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+    let task = |c: usize| {
         let cols = c * chunk..((c + 1) * chunk).min(n);
         let mut tile = [0f32; ROW_TILE];
         for r0 in (0..m).step_by(ROW_TILE) {
@@ -53,7 +84,13 @@ pub fn matmul(w: &PackedMatrix, x: &QuantizedRows, out: &mut [f32], isa: Isa) ->
                 }
             }
         }
-    });
+    };
+    let chunks = n.div_ceil(chunk);
+    if !parallel {
+        (0..chunks).for_each(task);
+    } else {
+        (0..chunks).into_par_iter().for_each(task);
+    }
     Ok(())
 }
 
@@ -102,12 +139,23 @@ fn column(isa: Isa, ty: WeightType, w: &[u8], x: &QuantizedRows, r0: usize, out:
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul` checked the CPU runs `isa`, and the shapes.
-        Isa::Avx512Vnni => unsafe {
-            by_rows!(avx512_column, out.len(), ty, w, x, r0, out)
-        },
+        Isa::Avx512Vnni => unsafe { by_rows!(avx512_column, out.len(), ty, w, x, r0, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { by_rows!(avx2_column, out.len(), ty, w, x, r0, out) },
         _ => scalar::column(ty, w, x, r0, out),
+    }
+}
+
+/// One Q8_0 tile against `out.len() / 16` (1 ..= 8) activation rows from `r0`.
+fn tile(isa: Isa, t: &[u8], x: &QuantizedRows, r0: usize, out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul` checked the CPU runs `isa`, and the shapes.
+        Isa::Avx512Vnni => unsafe { by_rows!(avx512_tile, out.len() / TILE_N, t, x, r0, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { by_rows!(avx2_tile, out.len() / TILE_N, t, x, r0, out) },
+        _ => scalar::tile_q8_0(t, x, r0, out),
     }
 }

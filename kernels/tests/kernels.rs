@@ -28,7 +28,9 @@ impl Rng {
 /// Random GGML blocks: every byte random, then the f16 scales set to finite values.
 fn random_blocks(ty: WeightType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let ub = ty.ggml_unit_bytes();
-    let mut b: Vec<u8> = (0..n * k / ty.unit() * ub).map(|_| rng.next() as u8).collect();
+    let mut b: Vec<u8> = (0..n * k / ty.unit() * ub)
+        .map(|_| rng.next() as u8)
+        .collect();
     let scale_at: &[usize] = match ty {
         WeightType::Q8_0 => &[0],
         WeightType::Q4K => &[0, 2],
@@ -78,9 +80,18 @@ fn unpacking_matches_candle_dequantization() {
         let bytes = q.data().unwrap();
         let packed = PackedMatrix::from_ggml(ty, n, k, &bytes).unwrap();
         let ours = packed.dequantize();
-        let theirs: Vec<f32> = q.dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let theirs: Vec<f32> = q
+            .dequantize(&dev)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{ty:?} value {i}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                "{ty:?} value {i}: {a} vs {b}"
+            );
         }
     }
 }
@@ -97,9 +108,15 @@ fn scalar_reference_matches_f64_dot_products() {
         let mags = magnitudes(&w, &x);
         for r in 0..m {
             for j in 0..n {
-                let want: f64 = (0..k).map(|i| wd[j * k + i] as f64 * xd[r * k + i] as f64).sum();
+                let want: f64 = (0..k)
+                    .map(|i| wd[j * k + i] as f64 * xd[r * k + i] as f64)
+                    .sum();
                 let err = (got[r * n + j] as f64 - want).abs();
-                assert!(err <= 1e-5 * mags[r * n + j] + 1e-6, "{ty:?} ({r},{j}): {} vs {want}", got[r * n + j]);
+                assert!(
+                    err <= 1e-5 * mags[r * n + j] + 1e-6,
+                    "{ty:?} ({r},{j}): {} vs {want}",
+                    got[r * n + j]
+                );
             }
         }
     }
@@ -117,7 +134,8 @@ fn every_instruction_set_matches_the_scalar_reference() {
         };
         for &k in ks {
             for &n in &[1usize, 37, 67] {
-                let w = PackedMatrix::from_ggml(ty, n, k, &random_blocks(ty, n, k, &mut rng)).unwrap();
+                let w =
+                    PackedMatrix::from_ggml(ty, n, k, &random_blocks(ty, n, k, &mut rng)).unwrap();
                 for &m in &[1usize, 2, 3, 6, 7, 32, 67, 512] {
                     if m == 512 && n != 37 {
                         continue;
@@ -153,7 +171,11 @@ fn a_row_is_the_same_alone_as_in_a_batch() {
             let all = run(&w, &x, isa);
             for r in 0..m {
                 let one = QuantizedRows::quantize(&xs[r * k..(r + 1) * k], 1, k).unwrap();
-                assert_eq!(run(&w, &one, isa), all[r * n..(r + 1) * n].to_vec(), "{isa:?} {ty:?} row {r}");
+                assert_eq!(
+                    run(&w, &one, isa),
+                    all[r * n..(r + 1) * n].to_vec(),
+                    "{isa:?} {ty:?} row {r}"
+                );
             }
         }
     }
@@ -163,27 +185,50 @@ fn a_row_is_the_same_alone_as_in_a_batch() {
 fn thread_count_does_not_change_results() {
     let mut rng = Rng(7);
     let (m, n, k) = (6, 200, 768);
-    let w = PackedMatrix::from_ggml(WeightType::Q4K, n, k, &random_blocks(WeightType::Q4K, n, k, &mut rng)).unwrap();
+    let w = PackedMatrix::from_ggml(
+        WeightType::Q4K,
+        n,
+        k,
+        &random_blocks(WeightType::Q4K, n, k, &mut rng),
+    )
+    .unwrap();
     let x = QuantizedRows::quantize(&random_rows(m, k, &mut rng), m, k).unwrap();
     let isa = Isa::best();
-    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-    assert_eq!(one.install(|| run(&w, &x, isa)), three.install(|| run(&w, &x, isa)));
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let three = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    assert_eq!(
+        one.install(|| run(&w, &x, isa)),
+        three.install(|| run(&w, &x, isa))
+    );
 }
 
 #[test]
 fn bad_shapes_are_named() {
     let mut rng = Rng(3);
     let ty = WeightType::Q4K;
-    let e = PackedMatrix::from_ggml(ty, 2, 300, &[0; 10]).unwrap_err().to_string();
+    let e = PackedMatrix::from_ggml(ty, 2, 300, &[0; 10])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not whole units"), "{e}");
-    let e = PackedMatrix::from_ggml(ty, 2, 256, &[0; 10]).unwrap_err().to_string();
+    let e = PackedMatrix::from_ggml(ty, 2, 256, &[0; 10])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("expected 288 bytes, got 10"), "{e}");
     let w = PackedMatrix::from_ggml(ty, 2, 256, &random_blocks(ty, 2, 256, &mut rng)).unwrap();
     let x = QuantizedRows::quantize(&random_rows(1, 512, &mut rng), 1, 512).unwrap();
-    let e = matmul(&w, &x, &mut [0.0; 2], Isa::Scalar).unwrap_err().to_string();
+    let e = matmul(&w, &x, &mut [0.0; 2], Isa::Scalar)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("512 values per row, weights 256"), "{e}");
     let x = QuantizedRows::quantize(&random_rows(1, 256, &mut rng), 1, 256).unwrap();
-    let e = matmul(&w, &x, &mut [0.0; 3], Isa::Scalar).unwrap_err().to_string();
+    let e = matmul(&w, &x, &mut [0.0; 3], Isa::Scalar)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("output holds 3 values, 1 x 2 needed"), "{e}");
 }

@@ -8,8 +8,12 @@
 use anyhow::{Context, Result};
 use candle_core::Device;
 use clap::Parser;
-use speccompact_bench::{filler_tokens, median, rss_bytes, time, verify_timing, Reference};
-use speccompact_runtime::{set_threads, DenseMode, LoadOptions, LogitsAt, Model, Row};
+use speccompact_bench::{
+    filler_tokens, median, rss_bytes, step_timing, time, verify_timing, Reference,
+};
+use speccompact_runtime::{
+    kernel_decisions, set_threads, DenseMode, KernelMode, LoadOptions, LogitsAt, Model, Row,
+};
 use speccompact_store::Store;
 use std::fmt::Write as _;
 
@@ -37,6 +41,12 @@ struct Args {
     /// Skip the candle-transformers reference columns.
     #[arg(long)]
     no_reference: bool,
+    /// Skip the dense-weight rows.
+    #[arg(long)]
+    no_dense: bool,
+    /// Quantized matmul: auto, on (kernels crate), off (candle).
+    #[arg(long, default_value = "auto")]
+    kernels: String,
     /// Also write the table to this file.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
@@ -56,6 +66,16 @@ fn main() -> Result<()> {
     let dev = Device::Cpu;
     let store = Store::open_default()?;
     let mut lines: Vec<Line> = Vec::new();
+    let kernels = match args.kernels.as_str() {
+        "auto" => KernelMode::Auto,
+        "on" => KernelMode::On,
+        "off" => KernelMode::Off,
+        other => anyhow::bail!("--kernels must be auto, on or off, not `{other}`"),
+    };
+    let load = LoadOptions {
+        kernels,
+        ..Default::default()
+    };
     for name in &args.models {
         let path = store.resolve(name, &mut |_| {})?;
         let push = |lines: &mut Vec<Line>,
@@ -73,7 +93,7 @@ fn main() -> Result<()> {
         };
         eprintln!("== {name}");
         let rss0 = rss_bytes().unwrap_or(0);
-        let (m, load_s) = time(|| Ok(Model::load(&path, &dev, LoadOptions::default())?))?;
+        let (m, load_s) = time(|| Ok(Model::load(&path, &dev, load)?))?;
         let rss1 = rss_bytes().unwrap_or(0);
         let d = &m.decoder;
         let vocab = d.config().vocab_size;
@@ -163,6 +183,14 @@ fn main() -> Result<()> {
             reference: "no fork (cache is per model)".into(),
             ratio: String::new(),
         });
+        let (one, six) = step_timing(d, &prefix)?;
+        lines.push(Line {
+            model: name.clone(),
+            metric: format!("decode step over {} prefix, 1 row / 6 rows", args.prefix),
+            ours: format!("{:.1} ms / {:.1} ms ({:.2}x one row)", one * 1e3, six * 1e3, six / one),
+            reference: String::new(),
+            ratio: String::new(),
+        });
         let (one, six) = verify_timing(d, &prefix)?;
         lines.push(Line {
             model: name.clone(),
@@ -179,6 +207,9 @@ fn main() -> Result<()> {
             ratio: String::new(),
         });
         drop(m);
+        if args.no_dense {
+            continue;
+        }
         // Dense weights for many-token forwards.
         let rss0 = rss_bytes().unwrap_or(0);
         let dense = Model::load(
@@ -186,7 +217,7 @@ fn main() -> Result<()> {
             &dev,
             LoadOptions {
                 dense: DenseMode::On { min_rows: 16 },
-                ..Default::default()
+                ..load
             },
         )?;
         let rss1 = rss_bytes().unwrap_or(0);
@@ -223,6 +254,28 @@ fn main() -> Result<()> {
             "| {} | {} | {} | {} | {} |",
             l.model, l.metric, l.ours, l.reference, l.ratio
         )?;
+    }
+    let decided = kernel_decisions();
+    if !decided.is_empty() {
+        writeln!(t, "\nKernel choice per weight shape (`auto`: candle ms / ours ms at 1, 6, 32 rows):\n")?;
+        writeln!(t, "| type | outputs x inputs | 1 row | 6 rows | 32 rows |")?;
+        writeln!(t, "|---|---|---|---|---|")?;
+        for d in decided {
+            let cell = |i: usize| match d.probes.get(i) {
+                Some((_, c, o)) => format!(
+                    "{:.3} / {:.3} -> {}",
+                    c,
+                    o,
+                    if d.ours[i] { "ours" } else { "candle" }
+                ),
+                None => String::new(),
+            };
+            writeln!(
+                t,
+                "| {} | {} x {} | {} | {} | {} |",
+                d.shape.0, d.shape.1, d.shape.2, cell(0), cell(1), cell(2)
+            )?;
+        }
     }
     println!("{t}");
     if let Some(p) = &args.out {

@@ -8,7 +8,7 @@
 use crate::cache::{LayerKv, Sequence};
 use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::linear::{
-    available_memory, convert_slow, probe_dense, DenseDecision, DenseMode, Linear,
+    available_memory, convert_slow, probe_dense, DenseDecision, DenseMode, KernelMode, Linear,
 };
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
@@ -26,6 +26,8 @@ pub struct LoadOptions {
     pub convert_slow_quants: bool,
     /// Whether to keep dense copies of the projection weights for long forwards.
     pub dense: DenseMode,
+    /// Which quantized matmul serves CPU projections.
+    pub kernels: KernelMode,
 }
 
 impl Default for LoadOptions {
@@ -33,6 +35,7 @@ impl Default for LoadOptions {
         Self {
             convert_slow_quants: true,
             dense: DenseMode::Off,
+            kernels: KernelMode::On,
         }
     }
 }
@@ -178,7 +181,7 @@ impl Loader<'_> {
             Some(b) => Some(self.vector(b, rows)?),
             None => None,
         };
-        Linear::from_weight(w, b, self.opts.dense)
+        Linear::from_weight(w, b, self.opts.dense, self.opts.kernels)
     }
 
     fn norm(&mut self, p: Param, len: usize, eps: f64) -> Result<RmsNorm> {
@@ -225,7 +228,7 @@ impl Decoder {
         let lm_head = match g.src.get(Param::Output)? {
             Some(_) => g.linear(Param::Output, None, cfg.vocab_size, h)?,
             // Tied embeddings: the output projection shares the embedding's storage.
-            None => Linear::from_weight(embed_w.clone(), None, opts.dense)?,
+            None => Linear::from_weight(embed_w.clone(), None, opts.dense, opts.kernels)?,
         };
         let embed = match embed_w {
             Weight::Quant(q) => Embedding::Quant(q),

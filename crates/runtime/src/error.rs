@@ -8,6 +8,9 @@ pub enum Error {
     /// A tensor operation failed inside candle.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A CPU matmul kernel failed.
+    #[error("matmul kernel: {0}")]
+    Kernel(#[from] speccompact_kernels::Error),
 
     /// A model file could not be opened or read.
     #[error("cannot read {path}: {source}")]

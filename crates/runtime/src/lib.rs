@@ -28,7 +28,7 @@ pub use generate::{
     greedy, greedy_rows, greedy_rows_gated, Continuation, LineMask, LineVerdict, StopReason,
     StopRules, TokenScore,
 };
-pub use linear::{DenseDecision, DenseMode};
+pub use linear::{kernel_decisions, DenseDecision, DenseMode, KernelDecision, KernelMode};
 pub use model::{read_gguf, Model};
 pub use settings::RuntimeSettings;
 pub use tokenizer::Tokenizer;

@@ -1,11 +1,14 @@
 //! Projection weights: quantized for decode, optionally a dense f32 copy for many-token
-//! forwards, and the load-time conversion of quant types that have no fast kernel.
+//! forwards, the choice between candle's quantized matmul and the kernels crate's, and the
+//! load-time conversion of quant types that have no fast kernel.
 
 use crate::weights::Weight;
 use crate::Result;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
-use std::sync::Arc;
+use speccompact_kernels::{matmul_f32, Isa, PackedMatrix, WeightType};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// When to keep a dequantized copy of projection weights for many-token forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -102,17 +105,187 @@ pub fn convert_slow(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
     Ok(Arc::new(QTensor::quantize(&dense, GgmlDType::Q8_0)?))
 }
 
+/// Which quantized matmul serves CPU projections: candle's or the kernels crate's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelMode {
+    /// Candle's kernels only.
+    Off,
+    /// The kernels crate for every weight type it implements, whatever the row count.
+    #[default]
+    On,
+    /// Decide per weight type, shape and row class by timing both at load (once per process
+    /// and shape, so every load in a process decides alike).
+    Auto,
+}
+
+/// Row counts a kernel choice is made for: one row (decode), a few rows (batched decode of
+/// the slot streams), many rows (prefill, verification). Probed at these counts.
+pub const ROW_CLASSES: [usize; 3] = [1, 6, 32];
+
+fn row_class(rows: usize) -> usize {
+    match rows {
+        0 | 1 => 0,
+        2..=16 => 1,
+        _ => 2,
+    }
+}
+
+/// The kernel chosen for one weight type and shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelDecision {
+    /// GGML type name, outputs, inputs.
+    pub shape: (String, usize, usize),
+    /// Per row class ([`ROW_CLASSES`]): whether the kernels crate serves it.
+    pub ours: [bool; 3],
+    /// Probe results per row class: (rows, candle ms, ours ms); empty when not measured.
+    pub probes: Vec<(usize, f64, f64)>,
+}
+
+fn decisions() -> &'static Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>> {
+    static D: OnceLock<Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>>> =
+        OnceLock::new();
+    D.get_or_init(Default::default)
+}
+
+/// Every kernel decision made in this process so far.
+pub fn kernel_decisions() -> Vec<KernelDecision> {
+    let mut v: Vec<_> = decisions()
+        .lock()
+        .map(|d| d.values().cloned().collect())
+        .unwrap_or_default();
+    v.sort_by(|a, b| a.shape.partial_cmp(&b.shape).unwrap_or(std::cmp::Ordering::Equal));
+    v
+}
+
+fn weight_type(d: GgmlDType) -> Option<WeightType> {
+    match d {
+        GgmlDType::Q8_0 => Some(WeightType::Q8_0),
+        GgmlDType::Q4K => Some(WeightType::Q4K),
+        GgmlDType::Q6K => Some(WeightType::Q6K),
+        _ => None,
+    }
+}
+
+/// A weight in the kernels crate's layout and the row classes it serves.
+#[derive(Debug)]
+struct Packed {
+    matrix: PackedMatrix,
+    isa: Isa,
+    ours: [bool; 3],
+}
+
+impl Packed {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let k = self.matrix.cols();
+        let rows = x.elem_count() / k;
+        let data = x.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; rows * self.matrix.rows()];
+        matmul_f32(&self.matrix, &data, rows, &mut out, self.isa)?;
+        let mut shape = dims;
+        let last = shape.len() - 1;
+        shape[last] = self.matrix.rows();
+        Ok(Tensor::from_vec(out, shape, x.device())?)
+    }
+}
+
+fn probe_kernels(q: &Arc<QTensor>, packed: &Packed) -> Result<Vec<(usize, f64, f64)>> {
+    let (_, cols) = q.shape().dims2()?;
+    let quant = QMatMul::from_arc(q.clone())?;
+    let mut out = Vec::new();
+    for rows in ROW_CLASSES {
+        let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
+        let time = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
+            f()?;
+            let mut best = f64::INFINITY;
+            for _ in 0..3 {
+                let t = std::time::Instant::now();
+                f()?;
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(best)
+        };
+        let theirs = time(&|| Ok(quant.forward(&x)?))?;
+        let ours = time(&|| packed.forward(&x))?;
+        out.push((rows, theirs, ours));
+    }
+    Ok(out)
+}
+
+/// The kernels crate's copy of `q` when `mode` and (for `Auto`) measurement choose it for
+/// some row class; `None` keeps candle's kernel for every row count.
+fn pack(q: &Arc<QTensor>, mode: KernelMode) -> Result<Option<Arc<Packed>>> {
+    let Some(ty) = weight_type(q.dtype()) else {
+        return Ok(None);
+    };
+    if mode == KernelMode::Off || !q.device().is_cpu() {
+        return Ok(None);
+    }
+    let (n, k) = q.shape().dims2()?;
+    let Ok(matrix) = PackedMatrix::from_ggml(ty, n, k, &q.data()?) else {
+        return Ok(None);
+    };
+    let mut packed = Packed {
+        matrix,
+        isa: Isa::best(),
+        ours: [true; 3],
+    };
+    if mode == KernelMode::Auto {
+        let key = (q.dtype(), n, k);
+        let known = decisions().lock().ok().and_then(|d| d.get(&key).cloned());
+        let decision = match known {
+            Some(d) => d,
+            None => {
+                let probes = probe_kernels(q, &packed)?;
+                let mut ours = [false; 3];
+                for (o, (_, theirs, mine)) in ours.iter_mut().zip(&probes) {
+                    *o = mine < theirs;
+                }
+                let d = KernelDecision {
+                    shape: (format!("{:?}", q.dtype()), n, k),
+                    ours,
+                    probes,
+                };
+                if let Ok(mut all) = decisions().lock() {
+                    all.insert(key, d.clone());
+                }
+                d
+            }
+        };
+        if !decision.ours.iter().any(|o| *o) {
+            return Ok(None);
+        }
+        packed.ours = decision.ours;
+    }
+    Ok(Some(Arc::new(packed)))
+}
+
 /// One projection `y = x W^T (+ b)`.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: QMatMul,
+    packed: Option<Arc<Packed>>,
     dense: Option<(Tensor, usize)>,
     bias: Option<Tensor>,
 }
 
 impl Linear {
-    /// Wraps a quantized weight of shape (out, in), with an optional bias and dense policy.
+    /// Wraps a quantized weight of shape (out, in), with an optional bias and dense policy;
+    /// candle's kernels serve it.
     pub fn new(weight: Arc<QTensor>, bias: Option<Tensor>, dense: DenseMode) -> Result<Self> {
+        Self::with_kernels(weight, bias, dense, KernelMode::Off)
+    }
+
+    /// [`Linear::new`] with a choice of quantized matmul (CPU only; other devices and weight
+    /// types the kernels crate lacks keep candle's).
+    pub fn with_kernels(
+        weight: Arc<QTensor>,
+        bias: Option<Tensor>,
+        dense: DenseMode,
+        kernels: KernelMode,
+    ) -> Result<Self> {
+        let packed = pack(&weight, kernels)?;
         let dense = match dense {
             DenseMode::On { min_rows } | DenseMode::Auto { min_rows }
                 if !is_dense_dtype(weight.dtype()) =>
@@ -123,18 +296,25 @@ impl Linear {
         };
         Ok(Self {
             weight: QMatMul::from_arc(weight)?,
+            packed,
             dense,
             bias,
         })
     }
 
-    /// Wraps a weight from any source: quantized weights follow `dense`; dense weights are
-    /// used as they are.
-    pub fn from_weight(w: Weight, bias: Option<Tensor>, dense: DenseMode) -> Result<Self> {
+    /// Wraps a weight from any source: quantized weights follow `dense` and `kernels`; dense
+    /// weights are used as they are.
+    pub fn from_weight(
+        w: Weight,
+        bias: Option<Tensor>,
+        dense: DenseMode,
+        kernels: KernelMode,
+    ) -> Result<Self> {
         match w {
-            Weight::Quant(q) => Self::new(q, bias, dense),
+            Weight::Quant(q) => Self::with_kernels(q, bias, dense, kernels),
             Weight::Dense(t) => Ok(Self {
                 weight: QMatMul::Tensor(t),
+                packed: None,
                 dense: None,
                 bias,
             }),
@@ -153,8 +333,8 @@ impl Linear {
         self.forward_with(x, true)
     }
 
-    /// [`Linear::forward`]; `dense = false` keeps the quantized kernel whatever the row
-    /// count (its rows are computed as one-row forwards compute them).
+    /// [`Linear::forward`]; `dense = false` keeps the quantized kernel one-row forwards use,
+    /// whatever the row count (its rows are computed as one-row forwards compute them).
     pub fn forward_with(&self, x: &Tensor, dense: bool) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
         let y = match &self.dense {
@@ -167,7 +347,13 @@ impl Linear {
                 out[last] = w.dim(0)?;
                 y.reshape(out)?
             }
-            _ => self.weight.forward(x)?,
+            _ => {
+                let class = if dense { row_class(rows) } else { 0 };
+                match &self.packed {
+                    Some(p) if p.ours[class] => p.forward(x)?,
+                    _ => self.weight.forward(x)?,
+                }
+            }
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

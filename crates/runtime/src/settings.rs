@@ -1,7 +1,7 @@
 //! Runtime settings as written in `configs/runtime.toml`.
 
 use crate::decoder::LoadOptions;
-use crate::linear::DenseMode;
+use crate::linear::{DenseMode, KernelMode};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -22,6 +22,9 @@ pub struct RuntimeSettings {
     pub dense: String,
     /// Forwards of at least this many tokens use the dense copies.
     pub dense_min_rows: usize,
+    /// Quantized matmul on CPU: `auto` (timed per weight shape and row class at load), `on`
+    /// (the kernels crate wherever it implements the weight type), `off` (candle's).
+    pub kernels: KernelMode,
 }
 
 impl Default for RuntimeSettings {
@@ -33,6 +36,7 @@ impl Default for RuntimeSettings {
             convert_slow_quants: true,
             dense: "auto".into(),
             dense_min_rows: 32,
+            kernels: KernelMode::Auto,
         }
     }
 }
@@ -78,6 +82,7 @@ impl RuntimeSettings {
                     min_rows: self.dense_min_rows.max(1),
                 },
             },
+            kernels: self.kernels,
         }
     }
 }
@@ -111,6 +116,12 @@ mod tests {
             RuntimeSettings::default().load_options().dense,
             DenseMode::Auto { min_rows: 32 }
         );
+        let s = RuntimeSettings::parse("kernels = \"off\"", "k").unwrap();
+        assert_eq!(s.load_options().kernels, KernelMode::Off);
+        let e = RuntimeSettings::parse("kernels = \"fast\"", "k.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k.toml") && e.contains("fast"), "{e}");
         let e = RuntimeSettings::parse("dense = \"maybe\"", "w.toml")
             .unwrap_err()
             .to_string();
