@@ -232,3 +232,47 @@ fn bad_shapes_are_named() {
         .to_string();
     assert!(e.contains("output holds 3 values, 1 x 2 needed"), "{e}");
 }
+
+/// Against candle's own quantized matmul on the same GGML bytes. Q8_0: both quantize
+/// activations in blocks of 32 with the same rounding, but candle stores each block's scale
+/// as f16 (GGML's Q8_0) and these kernels keep f32, so they agree to f16 rounding of the
+/// scales (~1e-4). K-quants: activations in blocks of 32 here against candle's 256, so they
+/// agree to that quantization's error (~1e-2).
+#[test]
+fn matches_candle_quantized_matmul() {
+    use candle_core::quantized::QMatMul;
+    use candle_core::Module;
+    let dev = Device::Cpu;
+    for (ty, g, k, tol) in [
+        (WeightType::Q8_0, GgmlDType::Q8_0, 96, 1e-3),
+        (WeightType::Q8_0, GgmlDType::Q8_0, 576, 1e-3),
+        (WeightType::Q4K, GgmlDType::Q4K, 512, 2e-2),
+        (WeightType::Q6K, GgmlDType::Q6K, 512, 2e-2),
+    ] {
+        let (m, n) = (6, 48);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+        let q = QTensor::quantize(&w, g).unwrap();
+        let packed = PackedMatrix::from_ggml(ty, n, k, &q.data().unwrap()).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
+        let theirs: Vec<f32> = QMatMul::from_qtensor(q)
+            .unwrap()
+            .forward(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let xs: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        let mut ours = vec![0f32; m * n];
+        speccompact_kernels::matmul_f32(&packed, &xs, m, &mut ours, Isa::best()).unwrap();
+        let num: f32 = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum();
+        let den: f32 = theirs.iter().map(|b| b * b).sum();
+        let rel = (num / den).sqrt();
+        eprintln!("{ty:?} k={k}: relative L2 {rel:.2e}");
+        assert!(rel < tol, "{ty:?} k={k}: relative L2 {rel}");
+    }
+}

@@ -11,7 +11,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 use speccompact_bench::Reference;
 use speccompact_runtime::synthetic::TinyModel;
-use speccompact_runtime::{Architecture, DenseMode, LoadOptions, LogitsAt, Model, Row};
+use speccompact_runtime::{Architecture, DenseMode, KernelMode, LoadOptions, LogitsAt, Model, Row};
 use speccompact_tests::{max_diff, rel_l2, tokens};
 use std::path::PathBuf;
 
@@ -45,9 +45,16 @@ fn load(path: &PathBuf, dev: &Device, opts: LoadOptions) -> R<Model> {
     Ok(Model::load(path, dev, opts)?)
 }
 
+/// The architecture against candle-transformers' on the same quantized matmul (candle's):
+/// both quantize activations alike, so logits agree to float rounding. The kernels crate's
+/// matmul is checked against candle's in `kernels_match_candle_matmul`.
 fn check_reference(spec: TinyModel, dev: &Device) -> R<()> {
     let (_d, path) = write(&spec)?;
-    let ours = load(&path, dev, LoadOptions::default())?;
+    let candle_kernels = LoadOptions {
+        kernels: KernelMode::Off,
+        ..Default::default()
+    };
+    let ours = load(&path, dev, candle_kernels)?;
     let vocab = ours.decoder.config().vocab_size;
     let toks = tokens(23, vocab, 1);
     // Prefill of several lengths.
@@ -101,6 +108,66 @@ fn reference_qwen2_kquant(dev: &Device) -> R<()> {
     };
     check_reference(spec, dev)
 }
+/// Whole-model logits with the kernels crate's matmul against candle's: they differ only in
+/// how activations are quantized (blocks of 32 here, of 256 in candle's k-quant path), so
+/// the relative L2 difference stays at the quantization level.
+fn kernels_match_candle_matmul(dev: &Device) -> R<()> {
+    for spec in [
+        TinyModel::new(Architecture::Llama),
+        TinyModel::new(Architecture::Qwen2),
+        TinyModel {
+            hidden: 256,
+            ffn: 512,
+            dtype: GgmlDType::Q4K,
+            untied_output: true,
+            ..TinyModel::new(Architecture::Qwen2)
+        },
+        TinyModel {
+            hidden: 256,
+            ffn: 512,
+            dtype: GgmlDType::Q6K,
+            ..TinyModel::new(Architecture::Llama)
+        },
+    ] {
+        let (_d, path) = write(&spec)?;
+        let logits = |kernels: KernelMode| -> R<Tensor> {
+            let m = load(
+                &path,
+                dev,
+                LoadOptions {
+                    kernels,
+                    ..Default::default()
+                },
+            )?;
+            let toks = tokens(23, m.decoder.config().vocab_size, 1);
+            let mut seq = m.decoder.new_sequence();
+            let l = m.decoder.forward(
+                &mut [Row {
+                    seq: &mut seq,
+                    tokens: &toks,
+                }],
+                LogitsAt::All,
+            )?;
+            Ok(l[0].clone())
+        };
+        let (ours, candle) = (logits(KernelMode::On)?, logits(KernelMode::Off)?);
+        let rel = rel_l2(&ours, &candle)?;
+        eprintln!("{:?} {:?}: relative L2 {rel:.5}", spec.arch, spec.dtype);
+        assert!(
+            rel < 0.03,
+            "{:?} {:?}: relative L2 {rel}",
+            spec.arch,
+            spec.dtype
+        );
+    }
+    Ok(())
+}
+test_device!(
+    kernels_match_candle_matmul,
+    kernels_match_candle_matmul_cpu,
+    kernels_match_candle_matmul_cuda
+);
+
 fn reference_llama_f32_mha(dev: &Device) -> R<()> {
     let spec = TinyModel {
         kv_heads: 4,
