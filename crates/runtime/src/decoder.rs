@@ -217,7 +217,7 @@ impl Decoder {
         opts: LoadOptions,
     ) -> Result<Self> {
         let cfg = src.config().clone();
-        let (dense, decision) = decide_dense(src, &cfg, opts.dense, device)?;
+        let (dense, decision) = decide_dense(src, &cfg, opts, device)?;
         let opts = LoadOptions { dense, ..opts };
         let mut g = Loader { src, opts };
         let h = cfg.hidden_size;
@@ -653,9 +653,10 @@ fn projection_elems(cfg: &ModelConfig) -> usize {
 fn decide_dense(
     src: &mut dyn WeightSource,
     cfg: &ModelConfig,
-    mode: DenseMode,
+    opts: LoadOptions,
     device: &Device,
 ) -> Result<(DenseMode, DenseDecision)> {
+    let mode = opts.dense;
     let bytes = projection_elems(cfg) * 4;
     let fixed = |mode: DenseMode| {
         let (dense, min_rows) = match mode {
@@ -690,7 +691,7 @@ fn decide_dense(
     let mut chosen = None;
     if fits {
         for rows in [min_rows, 4 * min_rows, 16 * min_rows] {
-            let (q, d) = probe_dense(&probe, rows)?;
+            let (q, d) = probe_dense(&probe, rows, opts.kernels)?;
             probes.push((rows, q, d));
             if d * 1.15 < q {
                 chosen = Some(rows);

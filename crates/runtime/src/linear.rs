@@ -45,22 +45,26 @@ pub struct DenseDecision {
     pub bytes: usize,
 }
 
-/// Times `rows` tokens through quantized weights and their dense copies (one warm-up, then
-/// best of 3 each), summed over the weights, in ms.
-pub fn probe_dense(weights: &[Arc<QTensor>], rows: usize) -> Result<(f64, f64)> {
+/// Times `rows` tokens through quantized weights (on the matmul `kernels` picks) and their
+/// dense copies (one warm-up, then best of 3 each), summed over the weights, in ms.
+pub fn probe_dense(
+    weights: &[Arc<QTensor>],
+    rows: usize,
+    kernels: KernelMode,
+) -> Result<(f64, f64)> {
     let (mut qt, mut dt) = (0.0, 0.0);
     for q in weights {
-        let (a, b) = probe_one(q, rows)?;
+        let (a, b) = probe_one(q, rows, kernels)?;
         qt += a;
         dt += b;
     }
     Ok((qt, dt))
 }
 
-fn probe_one(q: &Arc<QTensor>, rows: usize) -> Result<(f64, f64)> {
+fn probe_one(q: &Arc<QTensor>, rows: usize, kernels: KernelMode) -> Result<(f64, f64)> {
     let (_, cols) = q.shape().dims2()?;
     let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
-    let quant = QMatMul::from_arc(q.clone())?;
+    let quant = Linear::with_kernels(q.clone(), None, DenseMode::Off, kernels)?;
     let dense = q.dequantize(&q.device())?;
     let best = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
         f()?;
@@ -72,7 +76,7 @@ fn probe_one(q: &Arc<QTensor>, rows: usize) -> Result<(f64, f64)> {
         }
         Ok(best)
     };
-    let qm = best(&|| Ok(quant.forward(&x)?))?;
+    let qm = best(&|| quant.forward(&x))?;
     let dm = best(&|| Ok(x.matmul(&dense.t()?)?))?;
     Ok((qm, dm))
 }
