@@ -101,10 +101,13 @@ thread_local! {
 /// [`matmul`] on f32 activations (`m × k`, row-major): quantizes them once into a per-thread
 /// buffer, then runs the kernel.
 pub fn matmul_f32(w: &PackedMatrix, x: &[f32], m: usize, out: &mut [f32], isa: Isa) -> Result<()> {
-    SCRATCH.with(|s| {
-        let mut q = s.borrow_mut();
-        q.requantize(x, m, w.cols())?;
-        matmul(w, &q, out, isa)
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut q) => {
+            q.requantize(x, m, w.cols())?;
+            matmul(w, &q, out, isa)
+        }
+        // Re-entered on this thread (a pool task stolen while waiting): a buffer of its own.
+        Err(_) => matmul(w, &QuantizedRows::quantize(x, m, w.cols())?, out, isa),
     })
 }
 
