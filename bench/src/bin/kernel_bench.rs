@@ -79,7 +79,9 @@ fn main() -> Result<()> {
             let mut out = vec![0f32; m * n];
             let mut ours = Vec::new();
             for &isa in &isas {
-                ours.push(best_ms(reps, || Ok(matmul_f32(&packed, &xs, m, &mut out, isa)?))?);
+                ours.push(best_ms(reps, || {
+                    Ok(matmul_f32(&packed, &xs, m, &mut out, isa)?)
+                })?);
             }
             let best = ours.iter().cloned().fold(f64::INFINITY, f64::min);
             let base = *one_row.get_or_insert(best);

@@ -187,7 +187,12 @@ fn main() -> Result<()> {
         lines.push(Line {
             model: name.clone(),
             metric: format!("decode step over {} prefix, 1 row / 6 rows", args.prefix),
-            ours: format!("{:.1} ms / {:.1} ms ({:.2}x one row)", one * 1e3, six * 1e3, six / one),
+            ours: format!(
+                "{:.1} ms / {:.1} ms ({:.2}x one row)",
+                one * 1e3,
+                six * 1e3,
+                six / one
+            ),
             reference: String::new(),
             ratio: String::new(),
         });
@@ -257,7 +262,10 @@ fn main() -> Result<()> {
     }
     let decided = kernel_decisions();
     if !decided.is_empty() {
-        writeln!(t, "\nKernel choice per weight shape (`auto`: candle ms / ours ms at 1, 6, 32 rows):\n")?;
+        writeln!(
+            t,
+            "\nKernel choice per weight shape (`auto`: candle ms / ours ms at 1, 6, 32 rows):\n"
+        )?;
         writeln!(t, "| type | outputs x inputs | 1 row | 6 rows | 32 rows |")?;
         writeln!(t, "|---|---|---|---|---|")?;
         for d in decided {
@@ -273,7 +281,12 @@ fn main() -> Result<()> {
             writeln!(
                 t,
                 "| {} | {} x {} | {} | {} | {} |",
-                d.shape.0, d.shape.1, d.shape.2, cell(0), cell(1), cell(2)
+                d.shape.0,
+                d.shape.1,
+                d.shape.2,
+                cell(0),
+                cell(1),
+                cell(2)
             )?;
         }
     }

@@ -147,8 +147,7 @@ pub struct KernelDecision {
 }
 
 fn decisions() -> &'static Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>> {
-    static D: OnceLock<Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>>> =
-        OnceLock::new();
+    static D: OnceLock<Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>>> = OnceLock::new();
     D.get_or_init(Default::default)
 }
 
@@ -158,7 +157,11 @@ pub fn kernel_decisions() -> Vec<KernelDecision> {
         .lock()
         .map(|d| d.values().cloned().collect())
         .unwrap_or_default();
-    v.sort_by(|a, b| a.shape.partial_cmp(&b.shape).unwrap_or(std::cmp::Ordering::Equal));
+    v.sort_by(|a, b| {
+        a.shape
+            .partial_cmp(&b.shape)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
     v
 }
 
