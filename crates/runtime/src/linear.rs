@@ -61,23 +61,25 @@ pub fn probe_dense(
     Ok((qt, dt))
 }
 
+/// One warm-up call of `f`, then the best of 3 timed calls, in ms.
+fn best_ms(f: &dyn Fn() -> Result<Tensor>) -> Result<f64> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        f()?;
+        best = best.min(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(best)
+}
+
 fn probe_one(q: &Arc<QTensor>, rows: usize, kernels: KernelMode) -> Result<(f64, f64)> {
     let (_, cols) = q.shape().dims2()?;
     let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
     let quant = Linear::with_kernels(q.clone(), None, DenseMode::Off, kernels)?;
     let dense = q.dequantize(&q.device())?;
-    let best = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
-        f()?;
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t = std::time::Instant::now();
-            f()?;
-            best = best.min(t.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok(best)
-    };
-    let qm = best(&|| quant.forward(&x))?;
-    let dm = best(&|| Ok(x.matmul(&dense.t()?)?))?;
+    let qm = best_ms(&|| quant.forward(&x))?;
+    let dm = best_ms(&|| Ok(x.matmul(&dense.t()?)?))?;
     Ok((qm, dm))
 }
 
@@ -203,18 +205,8 @@ fn probe_kernels(q: &Arc<QTensor>, packed: &Packed) -> Result<Vec<(usize, f64, f
     let mut out = Vec::new();
     for rows in ROW_CLASSES {
         let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
-        let time = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
-            f()?;
-            let mut best = f64::INFINITY;
-            for _ in 0..3 {
-                let t = std::time::Instant::now();
-                f()?;
-                best = best.min(t.elapsed().as_secs_f64() * 1e3);
-            }
-            Ok(best)
-        };
-        let theirs = time(&|| Ok(quant.forward(&x)?))?;
-        let ours = time(&|| packed.forward(&x))?;
+        let theirs = best_ms(&|| Ok(quant.forward(&x)?))?;
+        let ours = best_ms(&|| packed.forward(&x))?;
         out.push((rows, theirs, ours));
     }
     Ok(out)
