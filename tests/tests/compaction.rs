@@ -386,7 +386,7 @@ fn real_pair_recompaction_of_a_grown_session_prefills_only_the_new_messages() {
     let mut cfg = CompactionConfig::default();
     cfg.slot_max_lines = 2;
     let c = Compactor::new(d, t, cfg).unwrap();
-    let r = speccompact_engine::bench::recompaction(&c, &h, Method::Speculative, 4).unwrap();
+    let r = speccompact_eval::bench::recompaction(&c, &h, Method::Speculative, 4).unwrap();
     let new_msgs = History {
         id: None,
         messages: h.messages[h.messages.len() - 4..].to_vec(),
@@ -494,8 +494,8 @@ fn real_pair_readme_example_with_the_calibrated_rule_keeps_the_facts_and_no_fals
     let mut cfg = CompactionConfig::default();
     cfg.target = name.into();
     let applied = cfg.apply_calibration(
-        &speccompact_engine::calibrate::Calibrations::builtin().unwrap(),
-        &speccompact_engine::calibrate::builtin_variants().unwrap(),
+        &speccompact_engine::calibration::Calibrations::builtin().unwrap(),
+        &speccompact_engine::calibration::builtin_variants().unwrap(),
     );
     assert!(
         applied.as_deref().is_some_and(|a| a.contains("line rule")),

@@ -67,7 +67,7 @@ fn main() -> Result<()> {
         .into_iter()
         .find(|m| m.as_str() == args.method)
         .context("unknown method")?;
-    let compactor = Compactor::load(
+    let compactor = speccompact_loader::load_compactor(
         cfg.clone(),
         &RuntimeSettings::default(),
         &store,

@@ -5,9 +5,8 @@
 //! prefill reuses the positions it shares with an earlier one, and a stream may have a prefix
 //! of its own (a slot's view of a history too long for the model).
 
-use crate::prompt::ChatFormat;
+use crate::chat_format::ChatFormat;
 use crate::Result;
-use speccompact_runtime::StopReason;
 use std::sync::Arc;
 
 /// Says whether a generation goes on after a line it completed: called with the lines this
@@ -15,11 +14,40 @@ use std::sync::Arc;
 /// generation after that line.
 pub type LineGate = Arc<dyn Fn(&[String], &str) -> bool + Send + Sync>;
 
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended its turn (an end token).
+    Ended,
+    /// The token budget ran out.
+    MaxTokens,
+    /// The first newline ended it (asked for by the request).
+    Newline,
+    /// The model's context is full.
+    Context,
+    /// The request's line gate refused a completed line.
+    LineRejected,
+}
+
+impl From<speccompact_runtime::StopReason> for FinishReason {
+    fn from(r: speccompact_runtime::StopReason) -> Self {
+        use speccompact_runtime::StopReason as S;
+        match r {
+            S::StopToken => FinishReason::Ended,
+            S::MaxTokens => FinishReason::MaxTokens,
+            S::Newline => FinishReason::Newline,
+            S::Context => FinishReason::Context,
+            S::LineRejected => FinishReason::LineRejected,
+        }
+    }
+}
+
 /// Line-level rules of a generation request.
 #[derive(Clone, Default)]
 pub struct LineRules {
     /// Ends the generation after the first line the gate refuses
-    /// ([`StopReason::LineRejected`]).
+    /// ([`FinishReason::LineRejected`]).
     pub gate: Option<LineGate>,
     /// Extra tokens past `max_tokens` to finish the line the budget ran out in.
     pub grace: usize,
@@ -120,7 +148,7 @@ pub struct Generated {
     /// Tokens generated, including one that stopped the row.
     pub tokens: usize,
     /// Why it ended.
-    pub reason: StopReason,
+    pub reason: FinishReason,
 }
 
 /// How the model rates one token of a verified line.
@@ -155,7 +183,7 @@ pub struct Speculated {
     /// Draft tokens offered this time (in the model's tokenization).
     pub drafted: usize,
     /// Set when the path has ended: by a stop token, or at `max_tokens`.
-    pub done: Option<StopReason>,
+    pub done: Option<FinishReason>,
 }
 
 /// Output of one request.
@@ -172,14 +200,54 @@ pub enum Response {
 }
 
 impl Response {
+    /// What kind of response this is, for errors.
+    fn kind(&self) -> &'static str {
+        match self {
+            Response::Judged(_) => "a judgment",
+            Response::Verified(_) => "a verification",
+            Response::Speculated(_) => "a speculation step",
+            Response::Generated(_) => "a generation",
+        }
+    }
+
+    fn wrong(&self, backend: &str, asked: &str) -> crate::Error {
+        crate::Error::Backend {
+            backend: backend.to_string(),
+            reason: format!("answered {asked} request with {}", self.kind()),
+        }
+    }
+
     /// The generation, or an error naming `backend` when the response is of another kind.
     pub fn into_generated(self, backend: &str) -> Result<Generated> {
         match self {
             Response::Generated(g) => Ok(g),
-            _ => Err(crate::Error::Backend {
-                backend: backend.to_string(),
-                reason: "answered a generation request with a judgment".into(),
-            }),
+            other => Err(other.wrong(backend, "a generation")),
+        }
+    }
+
+    /// The next-token candidates, or an error naming `backend` when the response is of
+    /// another kind.
+    pub fn into_judged(self, backend: &str) -> Result<Vec<(String, f32)>> {
+        match self {
+            Response::Judged(top) => Ok(top),
+            other => Err(other.wrong(backend, "a judgment")),
+        }
+    }
+
+    /// The verified line, or an error naming `backend` when the response is of another kind.
+    pub fn into_verified(self, backend: &str) -> Result<Verified> {
+        match self {
+            Response::Verified(v) => Ok(v),
+            other => Err(other.wrong(backend, "a verification")),
+        }
+    }
+
+    /// The speculation step, or an error naming `backend` when the response is of another
+    /// kind.
+    pub fn into_speculated(self, backend: &str) -> Result<Speculated> {
+        match self {
+            Response::Speculated(s) => Ok(s),
+            other => Err(other.wrong(backend, "a speculation")),
         }
     }
 }

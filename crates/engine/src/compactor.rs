@@ -2,93 +2,30 @@
 //! markdown and the trace), the progress [`Event`]s, and the shared steps every method takes
 //! (rendering the history within the context, prefilling, assembling, the budget check).
 
-use crate::backend::{Backend, Prefilled, Request, Response};
+use crate::backend::{Backend, Prefilled};
 use crate::config::{CompactionConfig, Overflow, Overlap};
 use crate::model_backend::ModelBackend;
 use crate::session_cache::{Role, SessionCache};
-use crate::{baselines, prompt, speculative, Error, Result};
+use crate::job::Job;
+use crate::{methods, prompt, Error, Result};
 use speccompact_history::{render, History, RenderOptions};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub use crate::outcome::{
-    Compaction, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,
-};
+use crate::outcome::{markdown, Compaction, Event, Method, Trace};
 
 mod long_history;
 
 use long_history::{DrafterPrefill, MAX_STAGES, STAGE_MARK};
 
-/// Shared state of one compaction run, handed to the method implementations.
-pub(crate) struct Job<'a, B: Backend> {
-    pub cfg: &'a CompactionConfig,
-    pub drafter: &'a B,
-    pub target: &'a B,
-    pub dsess: Option<B::Session>,
-    pub tsess: Option<B::Session>,
-    pub trace: Trace,
-    pub events: &'a mut dyn FnMut(&Event),
-    pub overlap: bool,
-}
-
-impl<B: Backend> Job<'_, B> {
-    /// Runs one target batch, timed.
-    pub fn run_target(&mut self, reqs: &[Request]) -> Result<(Vec<Response>, f64)> {
-        run_timed(
-            self.target,
-            open_session(self.target, &mut self.tsess)?,
-            reqs,
-        )
-    }
-
-    /// Runs one drafter batch, timed.
-    pub fn run_drafter(&mut self, reqs: &[Request]) -> Result<(Vec<Response>, f64)> {
-        run_timed(
-            self.drafter,
-            open_session(self.drafter, &mut self.dsess)?,
-            reqs,
-        )
-    }
-
-    /// Target tokens of a line with its newline.
-    pub fn line_tokens(&self, text: &str) -> Result<usize> {
-        self.target.count_tokens(&format!("{text}\n"))
-    }
-
-    pub fn emit(&mut self, e: Event) {
-        (self.events)(&e);
-    }
-}
-
-/// The open session of `b`, or an error naming the backend.
-pub(crate) fn open_session<'s, B: Backend>(
-    b: &B,
-    sess: &'s mut Option<B::Session>,
-) -> Result<&'s mut B::Session> {
-    sess.as_mut().ok_or_else(|| Error::Backend {
-        backend: b.name().to_string(),
-        reason: "session not open".into(),
-    })
-}
-
-/// Runs a batch and measures it; an empty batch costs nothing.
-pub(crate) fn run_timed<B: Backend>(
-    b: &B,
-    sess: &mut B::Session,
-    reqs: &[Request],
-) -> Result<(Vec<Response>, f64)> {
-    if reqs.is_empty() {
-        return Ok((Vec::new(), 0.0));
-    }
-    let t = Instant::now();
-    let out = b.run(sess, reqs)?;
-    if out.len() != reqs.len() {
-        return Err(Error::Backend {
-            backend: b.name().to_string(),
-            reason: format!("{} responses to {} requests", out.len(), reqs.len()),
-        });
-    }
-    Ok((out, t.elapsed().as_secs_f64() * 1e3))
+/// The transcript a compaction runs on, as measured against the target's context.
+struct Fitted {
+    /// The rendered history (or its middle cut).
+    text: String,
+    /// Messages cut from the middle (first, last; 1-based), if any.
+    omitted: Option<(usize, usize)>,
+    /// The target's whole prefix around `text`, when the method uses the target.
+    target_prefix: Option<String>,
 }
 
 struct Inner<B: Backend> {
@@ -234,6 +171,13 @@ impl<B: Backend + 'static> Compactor<B> {
         history: &History,
         method: Method,
     ) -> Result<(String, Option<(usize, usize)>)> {
+        let f = self.fit(history, method)?;
+        Ok((f.text, f.omitted))
+    }
+
+    /// [`Compactor::transcript`] with the target's prefix it was measured with (built and
+    /// tokenized once: the prefill reuses both).
+    fn fit(&self, history: &History, method: Method) -> Result<Fitted> {
         let cfg = &self.inner.config;
         // The drafter reads slot views when the history does not fit it; only the target
         // must read the whole history.
@@ -242,8 +186,10 @@ impl<B: Backend + 'static> Compactor<B> {
             models.push(&self.inner.target);
         }
         let n = history.messages.len();
-        // Some(over) when a model's prefix does not fit: (model, tokens, limit, context).
-        let over = |omit: Option<std::ops::Range<usize>>| -> Result<(String, Option<(String, usize, usize, usize)>)> {
+        // The text and the target's prefix, and Some(over) when a model's prefix does not
+        // fit: (model, tokens, limit, context).
+        type Over = Option<(String, usize, usize, usize)>;
+        let over = |omit: Option<std::ops::Range<usize>>| -> Result<(Fitted, Over)> {
             let text = render(
                 history,
                 &RenderOptions {
@@ -251,20 +197,26 @@ impl<B: Backend + 'static> Compactor<B> {
                     omit,
                 },
             );
+            let mut fitted = Fitted {
+                text,
+                omitted: None,
+                target_prefix: None,
+            };
             for m in &models {
-                let p = prompt::prefix(m.format(), cfg, &text);
+                let p = prompt::prefix(m.format(), cfg, &fitted.text);
                 let tokens = m.count_tokens(&p)?;
                 let ctx = m.context_length();
                 let limit = ctx.saturating_sub(reserve(cfg, method));
+                fitted.target_prefix = Some(p);
                 if tokens > limit {
-                    return Ok((text, Some((m.name().to_string(), tokens, limit, ctx))));
+                    return Ok((fitted, Some((m.name().to_string(), tokens, limit, ctx))));
                 }
             }
-            Ok((text, None))
+            Ok((fitted, None))
         };
-        let (text, first) = over(None)?;
+        let (fitted, first) = over(None)?;
         let Some((model, tokens, limit, context)) = first else {
-            return Ok((text, None));
+            return Ok(fitted);
         };
         let too_long = Error::HistoryTooLong {
             model,
@@ -294,13 +246,14 @@ impl<B: Backend + 'static> Compactor<B> {
             }
         }
         let r = range(lo);
-        let (text, _) = over(Some(r.clone()))?;
+        let (mut fitted, _) = over(Some(r.clone()))?;
         tracing::warn!(
             first = r.start + 1,
             last = r.end,
             "history cut in the middle to fit the context"
         );
-        Ok((text, Some((r.start + 1, r.end))))
+        fitted.omitted = Some((r.start + 1, r.end));
+        Ok(fitted)
     }
 
     /// Runs one compaction on this thread, reporting progress to `on_event`. A history with
@@ -338,7 +291,8 @@ impl<B: Backend + 'static> Compactor<B> {
         let t0 = Instant::now();
         let inner = &*self.inner;
         let cfg = &inner.config;
-        let (transcript, omitted) = self.transcript(history, method)?;
+        let fitted = self.fit(history, method)?;
+        let (transcript, omitted) = (fitted.text, fitted.omitted);
         let overlap = match cfg.overlap {
             Overlap::On => true,
             Overlap::Off => false,
@@ -363,8 +317,15 @@ impl<B: Backend + 'static> Compactor<B> {
         } else {
             None
         };
-        let tprefix = prompt::prefix(inner.target.format(), cfg, &transcript);
-        let views = method.uses_drafter() && self.needs_views(&transcript)?;
+        let tprefix = match fitted.target_prefix {
+            Some(p) => p,
+            None => prompt::prefix(inner.target.format(), cfg, &transcript),
+        };
+        let dprefix = if method.uses_drafter() {
+            self.drafter_prefix(&transcript)?
+        } else {
+            None
+        };
         let open_t = || -> Result<Option<Prefilled<B::Prefix>>> {
             method
                 .uses_target()
@@ -375,11 +336,10 @@ impl<B: Backend + 'static> Compactor<B> {
             if !method.uses_drafter() {
                 return Ok(None);
             }
-            if views {
+            let Some(dprefix) = &dprefix else {
                 return self.open_views(history, session).map(Some);
-            }
-            let dprefix = prompt::prefix(inner.drafter.format(), cfg, &transcript);
-            let p = self.prefill_cached(&inner.drafter, session, Role::Drafter, &dprefix, None)?;
+            };
+            let p = self.prefill_cached(&inner.drafter, session, Role::Drafter, dprefix, None)?;
             Ok(Some((
                 inner.drafter.session(&p.prefix),
                 DrafterPrefill {
@@ -421,12 +381,12 @@ impl<B: Backend + 'static> Compactor<B> {
         });
         let slots = match method {
             Method::Speculative if cfg.verify == crate::verify::Verify::Exact => {
-                crate::exact::run(&mut job)?
+                methods::exact::run(&mut job)?
             }
-            Method::Speculative => speculative::run(&mut job)?,
-            Method::Sequential => baselines::sequential(&mut job)?,
-            Method::TargetSelf => baselines::per_slot(&mut job, false)?,
-            Method::DrafterOnly => baselines::per_slot(&mut job, true)?,
+            Method::Speculative => methods::speculative::run(&mut job)?,
+            Method::Sequential => methods::baselines::sequential(&mut job)?,
+            Method::TargetSelf => methods::baselines::per_slot(&mut job, false)?,
+            Method::DrafterOnly => methods::baselines::per_slot(&mut job, true)?,
         };
         let markdown = markdown(&slots);
         let mut trace = job.trace;
@@ -485,57 +445,5 @@ fn backend_panic<B: Backend>(b: &B) -> Error {
     Error::Backend {
         backend: b.name().to_string(),
         reason: "prefill thread panicked".into(),
-    }
-}
-
-/// The summary as markdown: `## Title` then the slot's lines, slots in order.
-pub fn markdown(slots: &[SlotOut]) -> String {
-    let mut s = String::new();
-    for slot in slots {
-        s.push_str(&format!("## {}\n", slot.title));
-        for l in &slot.lines {
-            s.push_str(&l.text);
-            s.push('\n');
-        }
-        s.push('\n');
-    }
-    s
-}
-
-impl Compactor<ModelBackend> {
-    /// Resolves both models by store name or path (fetching on first use), loads them with
-    /// the runtime settings, and builds a compactor. The target's entry in
-    /// `configs/calibration.toml` sets η and the judgment prompt where the settings leave them
-    /// unset (see [`CompactionConfig::apply_calibration`]).
-    pub fn load(
-        config: CompactionConfig,
-        settings: &speccompact_runtime::RuntimeSettings,
-        store: &speccompact_store::Store,
-        progress: &mut dyn FnMut(speccompact_store::Progress),
-    ) -> Result<Self> {
-        let mut config = config;
-        if let Some(applied) = config.apply_calibration(
-            &crate::calibrate::Calibrations::builtin()?,
-            &crate::calibrate::builtin_variants()?,
-        ) {
-            tracing::info!(%applied, "calibrated verification");
-        }
-        config.validate("calibration")?;
-        let device = speccompact_runtime::parse_device(&settings.device)?;
-        let opts = settings.load_options();
-        let load = |name: &str,
-                    progress: &mut dyn FnMut(speccompact_store::Progress)|
-         -> Result<ModelBackend> {
-            let path = store.resolve(name, progress)?;
-            let model = speccompact_runtime::Model::load(&path, &device, opts)?;
-            ModelBackend::new(name, Arc::new(model), settings.prefill_chunk)
-        };
-        let target = load(&config.target, progress)?;
-        let drafter = if config.drafter == config.target {
-            target.clone()
-        } else {
-            load(&config.drafter, progress)?
-        };
-        Self::new(drafter, target, config)
     }
 }

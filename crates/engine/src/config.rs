@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// The built-in settings file.
-pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/compaction.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../configs/compaction.toml");
 
 /// One section of the summary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,30 +152,6 @@ impl Default for CompactionConfig {
     }
 }
 
-/// Overlays a settings table on the defaults: top-level keys replace theirs, tables are
-/// merged key by key. Returns the keys `over` set (`key` or `section.key`).
-pub fn merge_sections(base: &mut toml::Table, over: toml::Table) -> Vec<String> {
-    let mut explicit = Vec::new();
-    for (k, v) in over {
-        match v {
-            toml::Value::Table(t) => {
-                explicit.extend(t.keys().map(|s| format!("{k}.{s}")));
-                match base.get_mut(&k) {
-                    Some(toml::Value::Table(b)) => b.extend(t),
-                    _ => {
-                        base.insert(k, toml::Value::Table(t));
-                    }
-                }
-            }
-            v => {
-                explicit.push(k.clone());
-                base.insert(k, v);
-            }
-        }
-    }
-    explicit
-}
-
 fn config_err(origin: &str, reason: impl Into<String>) -> Error {
     Error::Config {
         origin: origin.to_string(),
@@ -193,23 +169,19 @@ impl CompactionConfig {
 
     /// Reads a settings file whose keys override the built-in defaults.
     pub fn load(path: &Path) -> Result<Self> {
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| config_err(&origin, format!("cannot read: {e}")))?;
-        Self::overlay(&text, &origin)
+        let o = speccompact_settings::load(DEFAULT_CONFIG, path)?;
+        Self::checked(o, &path.display().to_string())
     }
 
     /// The built-in defaults with the keys of `text` replacing theirs.
     pub fn overlay(text: &str, origin: &str) -> Result<Self> {
-        let mut base: toml::Table =
-            toml::from_str(DEFAULT_CONFIG).map_err(|e| config_err("built-in", e.to_string()))?;
-        let over: toml::Table =
-            toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
-        let explicit = merge_sections(&mut base, over);
-        let mut c: Self = toml::Value::Table(base)
-            .try_into()
-            .map_err(|e: toml::de::Error| config_err(origin, e.to_string()))?;
-        c.explicit = explicit;
+        let o = speccompact_settings::overlay(DEFAULT_CONFIG, text, origin)?;
+        Self::checked(o, origin)
+    }
+
+    fn checked(o: speccompact_settings::Overlaid<Self>, origin: &str) -> Result<Self> {
+        let mut c = o.value;
+        c.explicit = o.explicit;
         c.validate(origin)?;
         Ok(c)
     }
@@ -218,6 +190,20 @@ impl CompactionConfig {
     pub fn set_eta(&mut self, eta: f32) {
         self.eta = eta;
         self.explicit.push("eta".into());
+    }
+
+    /// The slot a `## ` heading line opens: its title or name, case-insensitive, a trailing
+    /// `:` allowed.
+    pub fn slot_for_heading(&self, line: &str) -> Option<usize> {
+        let t = line
+            .trim()
+            .strip_prefix("## ")?
+            .trim()
+            .trim_end_matches(':')
+            .to_lowercase();
+        self.slots
+            .iter()
+            .position(|s| s.title.to_lowercase() == t || s.name.to_lowercase() == t)
     }
 
     /// Whether the user set `key` (`eta`, `prompts.judge`, ...).

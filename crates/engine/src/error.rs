@@ -9,9 +9,6 @@ pub enum Error {
     /// The input is not a usable history.
     #[error("history: {0}")]
     History(#[from] speccompact_history::HistoryError),
-    /// A model could not be found or fetched.
-    #[error(transparent)]
-    Store(#[from] speccompact_store::StoreError),
     /// The configuration is invalid; names the key.
     #[error("config {origin}: {reason}")]
     Config {
@@ -52,6 +49,15 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+}
+
+impl From<speccompact_settings::Error> for Error {
+    fn from(e: speccompact_settings::Error) -> Self {
+        Error::Config {
+            origin: e.origin().to_string(),
+            reason: e.reason(),
+        }
+    }
 }
 
 /// The crate's result type.

@@ -6,43 +6,43 @@
 //! the target rewrites the lines it rejects. The baselines (`sequential`, `target-self`,
 //! `drafter-only`) run in the same engine with the same rendering and budgets.
 //!
-//! Stages, one module each: `config` (settings and slot schema), `prompt` (chat framing and
-//! the texts every model sees), `backend` (the [`Backend`] seam: batched generation and
-//! scoring after a shared prefix), `model_backend` (the runtime behind it), `scripted` (a
-//! backend whose outputs a test chooses), `judge` (label scoring), `lines` (line checks),
-//! `speculative` (the slot streams), `baselines`, `session_cache` (prefixes kept across
-//! compactions), `compactor` (the public API; stages and the drafter's slot views in
-//! `compactor/long_history.rs`), `outcome` (the result types), `bench` (methods compared end to end), `calibrate` (the verifier's line set,
-//! scores and calibrated η).
+//! Modules: `config` (settings and slot schema), `calibration` (the calibrated η, judgment
+//! prompt and line rule applied per target), `prompt` (chat framing and the texts every model
+//! sees), `backend` (the [`Backend`] seam: batched generation and scoring after a shared
+//! prefix), `model_backend` (the runtime behind it), `scripted` (a backend whose outputs a test
+//! chooses), `judge` (label scoring), `verify` (line scores and rules), `lines` (line checks),
+//! `job` (one run's shared state), `methods` (speculative, exact, baselines), `session_cache`
+//! (prefixes kept across compactions), `compactor` (the public API; stages and the drafter's
+//! slot views in `compactor/long_history.rs`) and `outcome` (the result types).
 
 pub mod backend;
-pub mod baselines;
-pub mod bench;
-pub mod calibrate;
+pub mod calibration;
+pub mod chat_format;
 pub mod compactor;
 pub mod config;
 mod error;
-mod exact;
+mod job;
 pub mod judge;
 pub mod lines;
+mod methods;
 pub mod model_backend;
 pub mod outcome;
 pub mod prompt;
 pub mod scripted;
 pub mod session_cache;
-pub mod speculative;
 pub mod verify;
 
 pub use backend::{
-    Backend, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response, Speculated,
+    Backend, FinishReason, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response, Speculated,
     Verified,
 };
-pub use compactor::{
-    Compaction, Compactor, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,
+pub use compactor::Compactor;
+pub use outcome::{
+    markdown, sections, Compaction, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,
 };
 pub use config::{CompactionConfig, DrafterView, Overflow, Overlap, Prompts, SlotSpec};
 pub use error::{Error, Result};
 pub use judge::{score, Judgment};
 pub use model_backend::ModelBackend;
-pub use prompt::ChatFormat;
+pub use chat_format::ChatFormat;
 pub use scripted::Scripted;

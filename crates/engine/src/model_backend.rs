@@ -2,17 +2,18 @@
 //! session holding the frozen prefix and one forked sequence per stream.
 
 use crate::backend::{
-    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated, Verified,
+    Backend, FinishReason, Generated, LineToken, Prefilled, Request, RequestKind, Response,
+    Speculated, Verified,
 };
-use crate::prompt::ChatFormat;
+use crate::chat_format::ChatFormat;
 use crate::{Error, Result};
-use candle_core::{DType, Device};
+use candle_core::Device;
 use speccompact_runtime::{
-    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopReason, StopRules,
-    TokenScore, Tokenizer,
+    greedy_rows_gated, LineMask, LineVerdict, Model, Prefix, Sequence, StopRules, TokenScore,
+    Tokenizer,
 };
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A loaded model as a compaction backend.
 #[derive(Debug, Clone)]
@@ -23,7 +24,15 @@ pub struct ModelBackend {
     prefill_chunk: usize,
     /// Masks that keep lines from opening with `#` other than a level-2 heading.
     heading_masks: Arc<OnceLock<Vec<LineMask>>>,
+    /// The last long texts tokenized (with BOS): a prefix is counted to check the fit, then
+    /// prefilled, and tokenized only once.
+    encoded: Arc<Mutex<Vec<(String, Arc<Vec<u32>>)>>>,
 }
+
+/// Texts at least this long are remembered by [`ModelBackend::encode_long`].
+const MEMO_MIN_BYTES: usize = 4096;
+/// How many long texts are remembered.
+const MEMO_ENTRIES: usize = 4;
 
 /// A [`ModelBackend`] session: the prefix, streams' own prefixes, every stream's sequence.
 #[derive(Debug)]
@@ -67,7 +76,47 @@ impl ModelBackend {
             format,
             prefill_chunk: prefill_chunk.max(1),
             heading_masks: Arc::new(OnceLock::new()),
+            encoded: Arc::new(Mutex::new(Vec::new())),
         })
+    }
+
+    /// `text`'s tokens with BOS (when the model adds one); long texts are remembered, so a
+    /// prefix counted for the fit is not tokenized again by its prefill.
+    fn encode_long(&self, text: &str) -> Result<Arc<Vec<u32>>> {
+        if text.len() < MEMO_MIN_BYTES {
+            return Ok(Arc::new(self.model.tokenizer.encode(text, true)?));
+        }
+        let memo = |f: &mut dyn FnMut(&mut Vec<(String, Arc<Vec<u32>>)>)| {
+            // A poisoned memo only loses the memo, never a result.
+            if let Ok(mut m) = self.encoded.lock() {
+                f(&mut m);
+            }
+        };
+        let mut hit = None;
+        memo(&mut |m| {
+            if let Some(k) = m.iter().position(|(t, _)| t == text) {
+                let e = m.remove(k);
+                hit = Some(e.1.clone());
+                m.push(e);
+            }
+        });
+        if let Some(t) = hit {
+            return Ok(t);
+        }
+        let tokens = Arc::new(self.model.tokenizer.encode(text, true)?);
+        memo(&mut |m| {
+            if m.len() == MEMO_ENTRIES {
+                m.remove(0);
+            }
+            m.push((text.to_string(), tokens.clone()));
+        });
+        Ok(tokens)
+    }
+
+    /// Tokens the model puts before a text (a BOS, or none).
+    fn bos_tokens(&self) -> Result<usize> {
+        let t = &self.model.tokenizer;
+        Ok(t.encode("", true)?.len() - t.encode("", false)?.len())
     }
 
     /// At a line start every `#`-token but `##` / `## ` is banned; after `##`, every one.
@@ -239,13 +288,13 @@ impl ModelBackend {
             let room = p.max.saturating_sub(p.before);
             let keep = agree.min(room);
             let (pending, done) = if keep < agree || p.before + keep >= p.max {
-                (None, Some(StopReason::MaxTokens))
+                (None, Some(FinishReason::MaxTokens))
             } else {
                 let c = greedy[agree];
                 if tok.eos_tokens().contains(&c) {
-                    (None, Some(StopReason::StopToken))
+                    (None, Some(FinishReason::Ended))
                 } else if p.before + keep + 1 >= p.max {
-                    (Some(c), Some(StopReason::MaxTokens))
+                    (Some(c), Some(FinishReason::MaxTokens))
                 } else {
                     (Some(c), None)
                 }
@@ -289,31 +338,6 @@ impl ModelBackend {
         }
         Ok(out)
     }
-}
-
-/// The `k` most likely tokens of a logits vector, with softmax probabilities.
-fn top_k(logits: &candle_core::Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
-    let v: Vec<f32> = logits
-        .to_dtype(DType::F32)
-        .map_err(speccompact_runtime::Error::from)?
-        .flatten_all()
-        .map_err(speccompact_runtime::Error::from)?
-        .to_vec1()
-        .map_err(speccompact_runtime::Error::from)?;
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let z: f32 = v.iter().map(|x| (x - max).exp()).sum();
-    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
-    let k = k.min(idx.len());
-    if k == 0 {
-        return Ok(Vec::new());
-    }
-    idx.select_nth_unstable_by(k - 1, |&a, &b| v[b as usize].total_cmp(&v[a as usize]));
-    idx.truncate(k);
-    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
-    Ok(idx
-        .into_iter()
-        .map(|i| (i, (v[i as usize] - max).exp() / z))
-        .collect())
 }
 
 /// Scored tokens with their texts: each token's text is what it adds to the decoded text
@@ -360,7 +384,10 @@ impl Backend for ModelBackend {
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {
-        Ok(self.model.tokenizer.encode(text, false)?.len())
+        if text.len() < MEMO_MIN_BYTES {
+            return Ok(self.model.tokenizer.encode(text, false)?.len());
+        }
+        Ok(self.encode_long(text)?.len() - self.bos_tokens()?)
     }
 
     fn is_gpu(&self) -> bool {
@@ -368,14 +395,14 @@ impl Backend for ModelBackend {
     }
 
     fn prefill(&self, text: &str, base: Option<&Arc<Prefix>>) -> Result<Prefilled<Arc<Prefix>>> {
-        let tokens = self.model.tokenizer.encode(text, true)?;
+        let tokens = self.encode_long(text)?;
         if tokens.is_empty() {
             return Err(self.err("empty prefix".into()));
         }
         let keep = base.map_or(0, |b| {
             b.tokens()
                 .iter()
-                .zip(&tokens)
+                .zip(tokens.iter())
                 .take_while(|(a, b)| a == b)
                 .count()
         });
@@ -479,10 +506,11 @@ impl Backend for ModelBackend {
             seq.truncate(seq.prefix_len() + common)?;
             news.push(want[common..].to_vec());
             rules.push(match r.kind {
-                RequestKind::Judge { .. } => StopRules::score(),
-                RequestKind::Verify { .. } => {
+                RequestKind::Judge { top_k } => StopRules::score().with_top_k(top_k),
+                RequestKind::Verify { top_k, .. } => {
                     let span = span.unwrap_or(0..0);
                     StopRules::score_tokens(span.start - common..span.end - common)
+                        .with_top_k(top_k)
                 }
                 RequestKind::Speculate { .. } => StopRules::score(),
                 RequestKind::Generate {
@@ -509,7 +537,6 @@ impl Backend for ModelBackend {
             );
         }
         let prompts: Vec<&[u32]> = news.iter().map(|v| v.as_slice()).collect();
-        let mut judged: Vec<Option<Vec<(String, f32)>>> = vec![None; requests.len()];
         let mut prior: Vec<Vec<String>> = vec![Vec::new(); requests.len()];
         let outs = greedy_rows_gated(
             &self.model.decoder,
@@ -517,21 +544,7 @@ impl Backend for ModelBackend {
             &mut seqs,
             &prompts,
             &rules,
-            |i, l| {
-                if let RequestKind::Judge { top_k: k } | RequestKind::Verify { top_k: k, .. } =
-                    requests[i].kind
-                {
-                    let mut c = Vec::with_capacity(k);
-                    for (id, p) in top_k(l, k).map_err(|e| match e {
-                        Error::Runtime(r) => r,
-                        other => speccompact_runtime::Error::InvalidRequest(other.to_string()),
-                    })? {
-                        c.push((tok.decode(&[id])?, p));
-                    }
-                    judged[i] = Some(c);
-                }
-                Ok(())
-            },
+            |_, _| Ok(()),
             |i, line| {
                 let verdict = match &requests[i].lines.gate {
                     Some(gate) if !gate(&prior[i], line) => LineVerdict::Stop,
@@ -542,21 +555,24 @@ impl Backend for ModelBackend {
             },
         )?;
         let mut responses = Vec::with_capacity(requests.len());
-        for ((r, out), j) in requests.iter().zip(outs).zip(judged) {
+        for (r, out) in requests.iter().zip(outs) {
+            let top = |out: &speccompact_runtime::Continuation| -> Result<Vec<(String, f32)>> {
+                out.top
+                    .iter()
+                    .map(|&(id, p)| Ok((tok.decode(&[id])?, p)))
+                    .collect()
+            };
             responses.push(match r.kind {
-                RequestKind::Judge { .. } => Response::Judged(
-                    j.ok_or_else(|| self.err(format!("stream {}: no distribution", r.stream)))?,
-                ),
+                RequestKind::Judge { .. } => Response::Judged(top(&out)?),
                 RequestKind::Verify { .. } => Response::Verified(Verified {
-                    top: j
-                        .ok_or_else(|| self.err(format!("stream {}: no distribution", r.stream)))?,
+                    top: top(&out)?,
                     line: line_tokens(tok, &out.scores)?,
                 }),
                 RequestKind::Generate { .. } | RequestKind::Speculate { .. } => {
                     Response::Generated(Generated {
                         tokens: out.tokens.len() + usize::from(out.stop_token.is_some()),
                         text: out.text,
-                        reason: out.reason,
+                        reason: out.reason.into(),
                     })
                 }
             });

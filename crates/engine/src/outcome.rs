@@ -5,7 +5,7 @@ use crate::{Error, Result};
 use serde::Serialize;
 
 /// A compaction method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Method {
     /// Drafter proposes lines, target verifies each with one token and repairs rejections.
@@ -301,4 +301,35 @@ pub enum Event {
         /// Why.
         stop: SlotStop,
     },
+}
+
+/// The summary as markdown: `## Title` then the slot's lines, slots in order.
+pub fn markdown(slots: &[SlotOut]) -> String {
+    let mut s = String::new();
+    for slot in slots {
+        s.push_str(&format!("## {}\n", slot.title));
+        for l in &slot.lines {
+            s.push_str(&l.text);
+            s.push('\n');
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Splits a markdown summary into its `## ` sections: (title, lines with the heading first).
+/// Lines before the first heading form a section with an empty title. The one splitter of
+/// summaries: what [`markdown`] writes, every reader splits with this.
+pub fn sections(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix("## ") {
+            out.push((t.trim().to_string(), vec![line.to_string()]));
+        } else if let Some(last) = out.last_mut() {
+            last.1.push(line.to_string());
+        } else {
+            out.push((String::new(), vec![line.to_string()]));
+        }
+    }
+    out
 }

@@ -5,11 +5,11 @@
 //! it), so `max_tokens` and the newline rule behave as with a real tokenizer.
 
 use crate::backend::{
-    Backend, Generated, LineToken, Prefilled, Request, RequestKind, Response, Speculated, Verified,
+    Backend, FinishReason, Generated, LineToken, Prefilled, Request, RequestKind, Response,
+    Speculated, Verified,
 };
-use crate::prompt::ChatFormat;
+use crate::chat_format::ChatFormat;
 use crate::Result;
-use speccompact_runtime::StopReason;
 use std::sync::Mutex;
 
 type GenerateFn = dyn Fn(usize, &str) -> String + Send + Sync;
@@ -209,25 +209,25 @@ fn continuation(full: &str, kind: RequestKind, lines: &crate::backend::LineRules
         return Generated {
             text: String::new(),
             tokens: 0,
-            reason: StopReason::MaxTokens,
+            reason: FinishReason::MaxTokens,
         };
     };
     let mut text = String::new();
-    let mut reason = StopReason::StopToken;
+    let mut reason = FinishReason::Ended;
     let mut tokens = 0;
     let mut done_lines: Vec<String> = Vec::new();
     for p in word_tokens(full) {
         if tokens >= max_tokens {
             let mid_line = !text.is_empty() && !text.ends_with('\n');
             if !(mid_line && tokens < max_tokens + lines.grace) {
-                reason = StopReason::MaxTokens;
+                reason = FinishReason::MaxTokens;
                 break;
             }
         }
         tokens += 1;
         if stop_at_newline && p.contains('\n') {
             text.push_str(p.split('\n').next().unwrap_or(""));
-            reason = StopReason::Newline;
+            reason = FinishReason::Newline;
             break;
         }
         text.push_str(p);
@@ -251,16 +251,16 @@ fn continuation(full: &str, kind: RequestKind, lines: &crate::backend::LineRules
             }
             if let Some(k) = cut {
                 text = format!("{}\n", parts[..=k].join("\n"));
-                reason = StopReason::LineRejected;
+                reason = FinishReason::LineRejected;
                 break;
             }
             if tokens >= max_tokens {
-                reason = StopReason::MaxTokens;
+                reason = FinishReason::MaxTokens;
                 break;
             }
         }
     }
-    if reason == StopReason::StopToken {
+    if reason == FinishReason::Ended {
         tokens += 1;
     }
     Generated {
@@ -430,11 +430,11 @@ fn speculate(full: &str, path: usize, draft: &str, max: usize) -> Speculated {
         .count();
     let keep = agree.min(max.saturating_sub(path));
     let (len, done) = if keep < agree || path + keep >= max {
-        (path + keep, Some(StopReason::MaxTokens))
+        (path + keep, Some(FinishReason::MaxTokens))
     } else if path + agree >= words.len() {
-        (path + agree, Some(StopReason::StopToken))
+        (path + agree, Some(FinishReason::Ended))
     } else if path + keep + 1 >= max {
-        (path + keep + 1, Some(StopReason::MaxTokens))
+        (path + keep + 1, Some(FinishReason::MaxTokens))
     } else {
         (path + keep + 1, None)
     };

@@ -205,7 +205,7 @@ fn a_grown_session_prefills_only_its_new_messages_and_forget_drops_it() {
         messages: grown.messages[36..].to_vec(),
     };
     // The schema after the history is computed again too.
-    let marked = prompt::prefix(&prompt::ChatFormat::plain(), &cfg, "\u{E001}");
+    let marked = prompt::prefix(&speccompact_engine::ChatFormat::plain(), &cfg, "\u{E001}");
     let tail = word_tokens(marked.split_once('\u{E001}').unwrap().1).len();
     let new_words = word_tokens(&render(&new_messages, &RenderOptions::default())).len() + tail;
     for (who, tokens, reused) in [
@@ -253,7 +253,7 @@ fn a_grown_session_prefills_only_its_new_messages_and_forget_drops_it() {
 
 /// Word tokens of the prefix around an empty transcript, and the reserve after it.
 fn overhead(cfg: &CompactionConfig) -> usize {
-    let p = prompt::prefix(&prompt::ChatFormat::plain(), cfg, "");
+    let p = prompt::prefix(&speccompact_engine::ChatFormat::plain(), cfg, "");
     word_tokens(&p).len() + cfg.slot_max_tokens + cfg.draft_tokens.max(cfg.repair_tokens) + 192
 }
 

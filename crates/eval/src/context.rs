@@ -5,7 +5,7 @@
 use crate::{Error, Result};
 use serde::Serialize;
 use speccompact_engine::Method;
-use speccompact_history::{render, History, RenderOptions};
+use speccompact_history::{render, History, HistoryError, RenderOptions};
 
 /// A method under evaluation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -117,6 +117,7 @@ impl std::str::FromStr for TailBudget {
 /// The most recent messages of `history` whose rendering fits `budget` tokens, after a line
 /// saying how many earlier messages are not shown. When not even the last message fits, the
 /// end of its rendering that does. Returns the text and the number of messages kept whole.
+/// An empty history is [`speccompact_history::HistoryError::Empty`] (there is no tail).
 pub fn truncate_tail(
     history: &History,
     budget: usize,
@@ -124,6 +125,9 @@ pub fn truncate_tail(
     count: &dyn Fn(&str) -> speccompact_engine::Result<usize>,
 ) -> Result<(String, usize)> {
     let n = history.messages.len();
+    if n == 0 {
+        return Err(Error::Engine(HistoryError::Empty.into()));
+    }
     let opts = RenderOptions {
         tool_result_cap,
         omit: None,
@@ -206,6 +210,18 @@ mod tests {
         assert!(
             words(&t).unwrap() <= 2 && t.trim_end().ends_with("three"),
             "{t}"
+        );
+    }
+
+    #[test]
+    fn an_empty_history_has_no_tail_and_says_so() {
+        let e = truncate_tail(&History::default(), 25, 1000, &words).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Engine(speccompact_engine::Error::History(HistoryError::Empty))
+            ),
+            "{e:?}"
         );
     }
 

@@ -1,12 +1,16 @@
 //! The evaluation harness: does a compacted context still support the next decision?
 //!
-//! One module per stage: `data` (the evaluation sessions with their probes), `context` (what
+//! One module per stage: `bench` (every compaction method on every session, timed, with
+//! speedups), `calibrate` (the verifier's labelled line set, its scores and the calibrated η
+//! and line rule), `data` (the evaluation sessions with their probes), `context` (what
 //! each method hands the next turn: a summary, the recent tail, or the whole history),
 //! `metrics` (pure scoring functions), `models` (the reader and the one-token judges over a
 //! [`speccompact_engine::Backend`]), `run` (every method on every session), `drift` (recursive
 //! generations against rebuilds from the log) and `report` (tables with bootstrap intervals,
 //! JSON and plots).
 
+pub mod bench;
+pub mod calibrate;
 pub mod context;
 pub mod data;
 pub mod drift;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use speccompact_engine::{score, Backend, CompactionConfig, Request, RequestKind, Response};
 
 /// The built-in evaluation settings (`configs/eval.toml`).
-pub const DEFAULT_EVAL_CONFIG: &str = include_str!("../../../configs/eval.toml");
+pub const DEFAULT_EVAL_CONFIG: &str = include_str!("../configs/eval.toml");
 
 /// One slot-adequacy criterion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,12 +52,9 @@ impl EvalPrompts {
             origin: origin.to_string(),
             reason,
         };
-        let mut base: toml::Table = DEFAULT_EVAL_CONFIG
-            .parse()
-            .map_err(|e| err(format!("built-in: {e}")))?;
-        let over: toml::Table = text.parse().map_err(|e| err(format!("{e}")))?;
-        speccompact_engine::config::merge_sections(&mut base, over);
-        let p: Self = base.try_into().map_err(|e| err(format!("{e}")))?;
+        let p: Self = speccompact_settings::overlay(DEFAULT_EVAL_CONFIG, text, origin)
+            .map_err(|e| err(e.reason()))?
+            .value;
         if p.criteria.is_empty() || p.reader_max_tokens == 0 {
             return Err(err(
                 "needs at least one criterion and reader_max_tokens > 0".into(),
@@ -87,7 +84,38 @@ impl Default for EvalPrompts {
     }
 }
 
-const STREAMS: usize = 6;
+/// Streams the evaluation's batched calls run on (as many as the summary's slots).
+pub const STREAMS: usize = 6;
+
+/// Runs queued items on the streams of one session, one queue per stream: each round takes
+/// the next item of every queue that has one, as one batch, so consecutive items of a queue
+/// share that stream's cache. `take` gets every item with its response, in batch order.
+pub(crate) fn run_queues<B: Backend, T>(
+    b: &B,
+    session: &mut B::Session,
+    queues: &[Vec<T>],
+    request: impl Fn(usize, &T) -> Request,
+    mut take: impl FnMut(&T, Response) -> Result<()>,
+) -> Result<()> {
+    let mut pos = vec![0usize; queues.len()];
+    loop {
+        let batch: Vec<(usize, &T)> = queues
+            .iter()
+            .enumerate()
+            .filter_map(|(s, q)| q.get(pos[s]).map(|t| (s, t)))
+            .collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        for &(s, _) in &batch {
+            pos[s] += 1;
+        }
+        let reqs: Vec<Request> = batch.iter().map(|&(s, t)| request(s, t)).collect();
+        for (&(_, t), r) in batch.iter().zip(b.run(session, &reqs)?) {
+            take(t, r)?;
+        }
+    }
+}
 
 fn generated(b: &impl Backend, r: Response) -> Result<String> {
     Ok(r.into_generated(b.name())?.text.trim().to_string())
@@ -181,40 +209,25 @@ pub fn judge<B: Backend>(
         queues[stream].push(i);
     }
     let mut out = vec![0.0f32; asks.len()];
-    let mut pos = vec![0usize; STREAMS];
-    loop {
-        let batch: Vec<(usize, usize)> = (0..STREAMS)
-            .filter_map(|s| queues[s].get(pos[s]).map(|&i| (s, i)))
-            .collect();
-        if batch.is_empty() {
-            break;
-        }
-        for &(s, _) in &batch {
-            pos[s] += 1;
-        }
-        let reqs: Vec<Request> = batch
-            .iter()
-            .map(|&(s, i)| Request {
-                stream: s,
-                prompt: vec![
-                    format!("\n{}\n", asks[i].shown.trim_end()),
-                    format!("{}{}", asks[i].question, f.user_to_assistant),
-                ],
-                kind: RequestKind::Judge { top_k: cfg.top_k },
-                lines: Default::default(),
-            })
-            .collect();
-        for (&(_, i), r) in batch.iter().zip(b.run(&mut session, &reqs)?) {
-            let Response::Judged(top) = r else {
-                return Err(speccompact_engine::Error::Backend {
-                    backend: b.name().into(),
-                    reason: "a judgment request returned a generation".into(),
-                }
-                .into());
-            };
+    run_queues(
+        b,
+        &mut session,
+        &queues,
+        |s, &i| Request {
+            stream: s,
+            prompt: vec![
+                format!("\n{}\n", asks[i].shown.trim_end()),
+                format!("{}{}", asks[i].question, f.user_to_assistant),
+            ],
+            kind: RequestKind::Judge { top_k: cfg.top_k },
+            lines: Default::default(),
+        },
+        |&i, r| {
+            let top = r.into_judged(b.name())?;
             out[i] = score(&top, &cfg.positive_labels, &cfg.negative_labels).r;
-        }
-    }
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 

@@ -28,6 +28,9 @@ pub struct StopRules {
     /// the model: each one's log-probability and rank given the tokens before it, from the
     /// same forward that reads the prompt ([`Continuation::scores`]).
     pub score_span: Option<std::ops::Range<usize>>,
+    /// Next-token candidates to return for the position after the prompt, most likely first,
+    /// with softmax probabilities ([`Continuation::top`]); 0: none.
+    pub top_k: usize,
 }
 
 /// How the model rates one given token at its position.
@@ -72,6 +75,7 @@ impl StopRules {
             line_grace: 0,
             line_masks: Vec::new(),
             score_span: None,
+            top_k: 0,
         }
     }
 
@@ -84,6 +88,7 @@ impl StopRules {
             line_grace: 0,
             line_masks: Vec::new(),
             score_span: None,
+            top_k: 0,
         }
     }
 
@@ -94,6 +99,12 @@ impl StopRules {
             score_span: Some(span),
             ..Self::score()
         }
+    }
+
+    /// The same rules, also returning the `k` most likely next tokens after the prompt.
+    pub fn with_top_k(mut self, k: usize) -> Self {
+        self.top_k = k;
+        self
     }
 
     /// The same rules, also stopping at the first newline.
@@ -136,6 +147,9 @@ pub struct Continuation {
     pub cached: usize,
     /// Scores of the prompt tokens in [`StopRules::score_span`] (empty without one).
     pub scores: Vec<TokenScore>,
+    /// The [`StopRules::top_k`] most likely tokens after the prompt with their probabilities
+    /// (empty when not asked for).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Greedy continuation of `seqs[i]` after appending `prompts[i]` (non-empty) to it. All rows
@@ -200,6 +214,7 @@ pub fn greedy_rows_gated(
     let n = seqs.len();
     let ctx = decoder.config().context_length;
     let mut scores: Vec<Vec<TokenScore>> = vec![Vec::new(); n];
+    let mut top: Vec<Vec<(u32, f32)>> = vec![Vec::new(); n];
     let mut gen: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut done: Vec<Option<(StopReason, Option<u32>, String)>> = vec![None; n];
     let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
@@ -283,6 +298,9 @@ pub fn greedy_rows_gated(
             let rules = &rules[i];
             if gen[i].is_empty() {
                 first(i, l)?;
+                if rules.top_k > 0 {
+                    top[i] = top_k(l, rules.top_k)?;
+                }
             }
             let t = if rules.line_masks.is_empty() {
                 argmax(l)?
@@ -366,9 +384,33 @@ pub fn greedy_rows_gated(
             reason,
             cached,
             scores: std::mem::take(&mut scores[i]),
+            top: std::mem::take(&mut top[i]),
         });
     }
     Ok(out)
+}
+
+/// The `k` most likely tokens of a logits vector, most likely first (ties: lower id first),
+/// with softmax probabilities over the whole vocabulary.
+pub fn top_k(logits: &Tensor, k: usize) -> Result<Vec<(u32, f32)>> {
+    let v: Vec<f32> = logits
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f32 = v.iter().map(|x| (x - max).exp()).sum();
+    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return Ok(Vec::new());
+    }
+    idx.select_nth_unstable_by(k - 1, |&a, &b| v[b as usize].total_cmp(&v[a as usize]));
+    idx.truncate(k);
+    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+    Ok(idx
+        .into_iter()
+        .map(|i| (i, (v[i as usize] - max).exp() / z))
+        .collect())
 }
 
 /// Rates `tokens[j]` under logits row `j` (shape (k, vocab), k = `tokens.len()`): log-softmax

@@ -1,4 +1,5 @@
-//! Runtime settings as written in `configs/runtime.toml`.
+//! Runtime settings as written in `configs/runtime.toml` (embedded from this crate's
+//! `configs/`), overlaid by a user's file.
 
 use crate::decoder::LoadOptions;
 use crate::linear::{DenseMode, KernelMode};
@@ -6,9 +7,24 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// The built-in runtime settings (the same text as the user-facing `configs/runtime.toml`).
+pub const DEFAULT_RUNTIME: &str = include_str!("../configs/runtime.toml");
+
+/// Whether to keep dense f32 copies of the projection weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DenseChoice {
+    /// Measured at load ([`DenseMode::Auto`]).
+    Auto,
+    /// Always ([`DenseMode::On`]).
+    On,
+    /// Never ([`DenseMode::Off`]).
+    Off,
+}
+
 /// Threads, device and weight preparation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct RuntimeSettings {
     /// CPU threads (0 = all logical cores).
     pub threads: usize,
@@ -19,7 +35,7 @@ pub struct RuntimeSettings {
     /// Requantize slow quant types to Q8_0 at load.
     pub convert_slow_quants: bool,
     /// Dense f32 copies of the projection weights: `auto` (measured at load), `on`, `off`.
-    pub dense: String,
+    pub dense: DenseChoice,
     /// Forwards of at least this many tokens use the dense copies.
     pub dense_min_rows: usize,
     /// Quantized matmul on CPU: `auto` (timed per weight shape and row class at load), `on`
@@ -27,31 +43,25 @@ pub struct RuntimeSettings {
     pub kernels: KernelMode,
 }
 
+/// The built-in settings ([`DEFAULT_RUNTIME`]).
 impl Default for RuntimeSettings {
     fn default() -> Self {
-        Self {
-            threads: 0,
-            device: "cpu".into(),
-            prefill_chunk: 512,
-            convert_slow_quants: true,
-            dense: "auto".into(),
-            dense_min_rows: 32,
-            kernels: KernelMode::Auto,
-        }
+        // The embedded file is checked by a unit test; failing here would be a build defect.
+        Self::parse("", "built-in").unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
+fn invalid(e: speccompact_settings::Error) -> Error {
+    Error::InvalidRequest(format!("runtime settings {e}"))
+}
+
 impl RuntimeSettings {
-    /// Parses TOML text; `origin` names the source in errors.
+    /// The built-in settings with the keys of `text` replacing theirs; `origin` names the
+    /// source in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
-        let s: Self = toml::from_str(text)
-            .map_err(|e| Error::InvalidRequest(format!("runtime settings {origin}: {e}")))?;
-        if !matches!(s.dense.as_str(), "auto" | "on" | "off") {
-            return Err(Error::InvalidRequest(format!(
-                "runtime settings {origin}: dense must be `auto`, `on` or `off`, not `{}`",
-                s.dense
-            )));
-        }
+        let s: Self = speccompact_settings::overlay(DEFAULT_RUNTIME, text, origin)
+            .map_err(invalid)?
+            .value;
         if s.prefill_chunk == 0 {
             return Err(Error::InvalidRequest(format!(
                 "runtime settings {origin}: prefill_chunk must be at least 1"
@@ -60,7 +70,7 @@ impl RuntimeSettings {
         Ok(s)
     }
 
-    /// Reads a settings file.
+    /// Reads a settings file whose keys override the built-in ones.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
             path: path.to_path_buf(),
@@ -73,12 +83,12 @@ impl RuntimeSettings {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             convert_slow_quants: self.convert_slow_quants,
-            dense: match self.dense.as_str() {
-                "on" => DenseMode::On {
+            dense: match self.dense {
+                DenseChoice::On => DenseMode::On {
                     min_rows: self.dense_min_rows.max(1),
                 },
-                "off" => DenseMode::Off,
-                _ => DenseMode::Auto {
+                DenseChoice::Off => DenseMode::Off,
+                DenseChoice::Auto => DenseMode::Auto {
                     min_rows: self.dense_min_rows.max(1),
                 },
             },
@@ -93,11 +103,11 @@ mod tests {
 
     #[test]
     fn shipped_file_equals_defaults() {
-        let text = include_str!("../../../configs/runtime.toml");
-        assert_eq!(
-            RuntimeSettings::parse(text, "runtime.toml").unwrap(),
-            RuntimeSettings::default()
-        );
+        let s = RuntimeSettings::parse(DEFAULT_RUNTIME, "runtime.toml").unwrap();
+        assert_eq!(s, RuntimeSettings::default());
+        assert_eq!(s.dense, DenseChoice::Auto);
+        assert_eq!(s.kernels, KernelMode::Auto);
+        assert_eq!(s.prefill_chunk, 512);
     }
 
     #[test]

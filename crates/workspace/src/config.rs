@@ -8,7 +8,7 @@ use serde::Deserialize;
 use std::path::Path;
 
 /// The built-in settings (`configs/workspace.toml`).
-pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/workspace.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../configs/workspace.toml");
 
 /// One routing rule as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -163,22 +163,18 @@ fn config_err(origin: &str, reason: impl Into<String>) -> Error {
 impl WorkspaceConfig {
     /// Reads a settings file whose keys override the built-in defaults.
     pub fn load(path: &Path) -> Result<Self> {
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| config_err(&origin, format!("cannot read: {e}")))?;
-        Self::overlay(&text, &origin)
+        let c: Self = speccompact_settings::load(DEFAULT_CONFIG, path)
+            .map_err(|e| config_err(e.origin(), e.reason()))?
+            .value;
+        c.compile(&path.display().to_string())?;
+        Ok(c)
     }
 
     /// The built-in defaults with the keys of `text` replacing theirs (per section).
     pub fn overlay(text: &str, origin: &str) -> Result<Self> {
-        let mut base: toml::Table =
-            toml::from_str(DEFAULT_CONFIG).map_err(|e| config_err("built-in", e.to_string()))?;
-        let over: toml::Table =
-            toml::from_str(text).map_err(|e| config_err(origin, e.to_string()))?;
-        speccompact_engine::config::merge_sections(&mut base, over);
-        let c: Self = toml::Value::Table(base)
-            .try_into()
-            .map_err(|e: toml::de::Error| config_err(origin, e.to_string()))?;
+        let c: Self = speccompact_settings::overlay(DEFAULT_CONFIG, text, origin)
+            .map_err(|e| config_err(e.origin(), e.reason()))?
+            .value;
         c.compile(origin)?;
         Ok(c)
     }

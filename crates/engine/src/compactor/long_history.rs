@@ -111,18 +111,21 @@ impl<B: Backend + 'static> Compactor<B> {
         })
     }
 
-    /// Whether the drafter reads slot views: always when configured, else when the whole
-    /// history does not fit its context.
-    pub(super) fn needs_views(&self, transcript: &str) -> Result<bool> {
+    /// The drafter's prefix over the whole transcript, or `None` when the drafter reads slot
+    /// views instead: always when configured, else when the whole history does not fit its
+    /// context.
+    pub(super) fn drafter_prefix(&self, transcript: &str) -> Result<Option<String>> {
         let cfg = &self.inner.config;
         if cfg.drafter_view == DrafterView::Always {
-            return Ok(true);
+            return Ok(None);
         }
         let d = &self.inner.drafter;
-        let tokens = d.count_tokens(&prompt::prefix(d.format(), cfg, transcript))?;
-        Ok(tokens
-            > d.context_length()
-                .saturating_sub(reserve(cfg, Method::Speculative)))
+        let prefix = prompt::prefix(d.format(), cfg, transcript);
+        let tokens = d.count_tokens(&prefix)?;
+        let fits = tokens
+            <= d.context_length()
+                .saturating_sub(reserve(cfg, Method::Speculative));
+        Ok(fits.then_some(prefix))
     }
 
     /// Prefills one view of the history per slot for the drafter (each view reuses the

@@ -3,8 +3,8 @@
 //! `sequential` cold (shared prefill included) and warm (prefill excluded), acceptance and
 //! call counts, as a markdown table or JSON.
 
-use crate::compactor::{Compaction, Compactor, Event, Method, Trace};
-use crate::{Backend, Result};
+use speccompact_engine::{Backend, Compaction, Compactor, Event, Method, Trace};
+use crate::Result;
 use serde::Serialize;
 use speccompact_history::History;
 

@@ -3,18 +3,19 @@
 //! each slot, six streams in one batch) and `drafter-only` (the drafter does, unverified).
 
 use crate::backend::{Request, RequestKind, Response};
-use crate::compactor::Event;
-use crate::compactor::{Job, LineOut, Origin, SlotOut, SlotStop};
+use crate::outcome::Event;
+use crate::job::Job;
+use crate::outcome::{LineOut, Origin, SlotOut, SlotStop};
 use crate::lines::{Check, Checker};
 use crate::{prompt, Backend, Error, Result};
-use speccompact_runtime::StopReason;
+use crate::backend::FinishReason;
 
 /// A generation's text and tokens; a last line cut by the token budget is dropped (a line is
 /// never kept cut).
 fn text_of(resp: Response, who: &str) -> Result<(String, usize)> {
     let g = resp.into_generated(who)?;
     let mut text = g.text;
-    if g.reason == StopReason::MaxTokens {
+    if g.reason == FinishReason::MaxTokens {
         text.truncate(text.rfind('\n').unwrap_or(0));
     }
     Ok((text, g.tokens))
@@ -76,20 +77,6 @@ pub(crate) fn take_lines<B: Backend>(
     Ok(SlotOut::new(spec, lines, stop, tokens))
 }
 
-/// Finds the slot a `## heading` line opens (title match, case-insensitive).
-fn heading_slot<B: Backend>(job: &Job<'_, B>, line: &str) -> Option<usize> {
-    let t = line
-        .trim()
-        .strip_prefix("## ")?
-        .trim()
-        .trim_end_matches(':')
-        .to_lowercase();
-    job.cfg
-        .slots
-        .iter()
-        .position(|s| s.title.to_lowercase() == t || s.name.to_lowercase() == t)
-}
-
 /// The target writes the whole summary; its sections are split by their headings.
 pub(crate) fn sequential<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     let cfg = job.cfg;
@@ -117,7 +104,7 @@ pub(crate) fn sequential<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut
     let mut bodies = vec![String::new(); cfg.slots.len()];
     let mut cur = 0;
     for line in text.lines() {
-        if let Some(i) = heading_slot(job, line) {
+        if let Some(i) = cfg.slot_for_heading(line) {
             cur = i;
             continue;
         }

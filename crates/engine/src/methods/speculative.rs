@@ -10,13 +10,14 @@
 //! A slot that would end without a content line gets one target-written attempt of its whole
 //! body first: it may end empty only when the target, asked for that slot, writes nothing.
 
-use crate::backend::{Generated, LineRules, Request, RequestKind, Response, Verified};
-use crate::compactor::{Event, Job, Judged, LineOut, Origin, SlotOut, SlotStop};
+use crate::backend::{Generated, LineRules, Request, RequestKind, Verified};
+use crate::job::{open_session, run_timed, Job};
+use crate::outcome::{Event, Judged, LineOut, Origin, SlotOut, SlotStop};
 use crate::judge::score;
 use crate::lines::{Check, Checker};
 use crate::verify::{agreed_prefix, Divergence, LineScores, Verify};
 use crate::{prompt, Backend, Error, Result};
-use speccompact_runtime::StopReason;
+use crate::backend::FinishReason;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -273,7 +274,7 @@ fn split_draft(g: &Generated) -> Vec<Item> {
         .map(|p| Item::Line(p.to_string()))
         .collect();
     match g.reason {
-        StopReason::StopToken => {
+        FinishReason::Ended => {
             if !last.trim().is_empty() {
                 items.push(Item::Line(last.to_string()));
             }
@@ -314,7 +315,7 @@ fn generations(
 /// a last line cut by the budget are dropped), then the slot ends.
 fn take_whole<B: Backend>(job: &mut Job<'_, B>, s: &mut Stream, g: &Generated) -> Result<()> {
     let mut text = g.text.as_str();
-    if g.reason == StopReason::MaxTokens {
+    if g.reason == FinishReason::MaxTokens {
         text = text.rfind('\n').map_or("", |i| &text[..i]);
     }
     let mut stop = SlotStop::Complete;
@@ -457,8 +458,8 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             let mut dsess = job.dsess.take();
             let res = std::thread::scope(|sc| {
                 let h = sc.spawn(|| {
-                    let sess = crate::compactor::open_session(drafter, &mut dsess)?;
-                    crate::compactor::run_timed(drafter, sess, &drafts)
+                    let sess = open_session(drafter, &mut dsess)?;
+                    run_timed(drafter, sess, &drafts)
                 });
                 let t = target_work(job);
                 let d = h.join().unwrap_or_else(|_| {
@@ -498,12 +499,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
             s.expect = s.texts();
         }
         for (req, resp) in verifies.iter().zip(vout) {
-            let Response::Verified(Verified { top, line: rated }) = resp else {
-                return Err(Error::Backend {
-                    backend: job.target.name().to_string(),
-                    reason: "answered a verification with something else".into(),
-                });
-            };
+            let Verified { top, line: rated } = resp.into_verified(job.target.name())?;
             let j = score(&top, &cfg.positive_labels, &cfg.negative_labels);
             let scores = LineScores::new(&j, &rated, &div);
             // The target's own greedy line is kept whatever the rule: a repair would write it.
@@ -567,14 +563,14 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                 job.trace.repair_kept_tokens += kept_tokens;
             }
             let text = format!("{kept}{}", g.text).trim_end().to_string();
-            let ended = g.reason == StopReason::StopToken;
+            let ended = g.reason == FinishReason::Ended;
             // Asked for the slot's first line, the target ended the slot: it has nothing to
             // write there, which is what a whole-body attempt would find out.
             if ended && text.trim().is_empty() && !s.has_content() {
                 s.whole_tried = true;
             }
             // The line ran past the budget and its grace: never kept cut.
-            if g.reason == StopReason::MaxTokens {
+            if g.reason == FinishReason::MaxTokens {
                 finish(job, s, SlotStop::RepairFailed);
                 continue;
             }

@@ -3,7 +3,7 @@
 //! rule (weights and threshold) to ship.
 
 use super::{auc, choose_eta, Rates};
-use crate::verify::{fit_logistic, LineRule, LineScores, FEATURES};
+use speccompact_engine::verify::{fit_logistic, LineRule, LineScores, FEATURES};
 use serde::Serialize;
 
 /// One candidate combination of scores.

@@ -5,16 +5,17 @@
 //! slot request, as `target-self` writes it, and goes through the same line checks. The
 //! draft length adapts per slot (see `Body::draft_len`).
 
-use crate::backend::{Request, RequestKind, Response, Speculated};
-use crate::baselines::take_lines;
-use crate::compactor::{Job, Origin, SlotOut};
+use crate::backend::{Request, RequestKind, Speculated};
+use super::baselines::take_lines;
+use crate::job::Job;
+use crate::outcome::{Origin, SlotOut};
 use crate::{prompt, Backend, Error, Result};
-use speccompact_runtime::StopReason;
+use crate::backend::FinishReason;
 
 struct Body {
     text: String,
     tokens: usize,
-    done: Option<StopReason>,
+    done: Option<FinishReason>,
     /// Drafter tokens to ask for next: doubled after a draft kept whole, cut to what was
     /// kept (plus one) otherwise, so a drafter that disagrees costs little.
     draft_len: usize,
@@ -29,7 +30,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         .map(|_| Body {
             text: String::new(),
             tokens: 0,
-            done: (cfg.slot_max_tokens == 0).then_some(StopReason::MaxTokens),
+            done: (cfg.slot_max_tokens == 0).then_some(FinishReason::MaxTokens),
             draft_len: cfg.draft_tokens.min(8),
         })
         .collect();
@@ -72,7 +73,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
                 let g = resp.into_generated(job.drafter.name())?;
                 job.trace.drafter_tokens += g.tokens;
                 draft = g.text;
-                if g.reason == StopReason::Newline {
+                if g.reason == FinishReason::Newline {
                     draft.push('\n');
                 }
             }
@@ -93,19 +94,13 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
         t.verify_calls += specs.len();
         t.batches += 1 + usize::from(!drafts.is_empty());
         for (&i, resp) in live.iter().zip(tout) {
-            let Response::Speculated(Speculated {
+            let Speculated {
                 text,
                 tokens,
                 accepted,
                 drafted,
                 done,
-            }) = resp
-            else {
-                return Err(Error::Backend {
-                    backend: job.target.name().to_string(),
-                    reason: "answered a speculation with something else".into(),
-                });
-            };
+            } = resp.into_speculated(job.target.name())?;
             let b = &mut bodies[i];
             job.trace.target_tokens += tokens - b.tokens;
             job.trace.spec_tokens_drafted += drafted;
@@ -127,7 +122,7 @@ pub(crate) fn run<B: Backend>(job: &mut Job<'_, B>) -> Result<Vec<SlotOut>> {
     for (i, b) in bodies.into_iter().enumerate() {
         // As target-self: a last line cut by the budget is dropped.
         let mut text = b.text;
-        if b.done != Some(StopReason::StopToken) {
+        if b.done != Some(FinishReason::Ended) {
             text.truncate(text.rfind('\n').unwrap_or(0));
         }
         out.push(take_lines(job, i, &text, Origin::Target)?);
