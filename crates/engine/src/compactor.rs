@@ -4,9 +4,9 @@
 
 use crate::backend::{Backend, Prefilled};
 use crate::config::{CompactionConfig, Overflow, Overlap};
+use crate::job::Job;
 use crate::model_backend::ModelBackend;
 use crate::session_cache::{Role, SessionCache};
-use crate::job::Job;
 use crate::{methods, prompt, Error, Result};
 use speccompact_history::{render, History, RenderOptions};
 use std::sync::{Arc, Mutex};

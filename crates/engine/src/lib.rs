@@ -33,16 +33,17 @@ pub mod session_cache;
 pub mod verify;
 
 pub use backend::{
-    Backend, FinishReason, Generated, LineGate, LineRules, Prefilled, Request, RequestKind, Response, Speculated,
-    Verified,
+    Backend, FinishReason, Generated, LineGate, LineRules, Prefilled, Request, RequestKind,
+    Response, Speculated, Verified,
 };
+pub use chat_format::ChatFormat;
 pub use compactor::Compactor;
-pub use outcome::{
-    markdown, sections, Compaction, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop, Stage, Trace,
-};
 pub use config::{CompactionConfig, DrafterView, Overflow, Overlap, Prompts, SlotSpec};
 pub use error::{Error, Result};
 pub use judge::{score, Judgment};
 pub use model_backend::ModelBackend;
-pub use chat_format::ChatFormat;
+pub use outcome::{
+    markdown, sections, Compaction, Event, Judged, LineOut, Method, Origin, SlotOut, SlotStop,
+    Stage, Trace,
+};
 pub use scripted::Scripted;

@@ -5,16 +5,19 @@
 //! prefix (one matmul for all rows and heads of a kv group, the prefix is never copied or
 //! repeated per row) and against each row's own suffix (padded to the longest row).
 
+mod load;
+mod positions;
+
 use crate::cache::{LayerKv, Sequence};
 use crate::config::{Activation, ModelConfig, RopeStyle};
-use crate::linear::{
-    available_memory, convert_slow, probe_dense, DenseDecision, DenseMode, KernelMode, Linear,
-};
+use crate::linear::{DenseDecision, DenseMode, KernelMode, Linear};
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, IndexOp, Tensor, D};
+use load::{decide_dense, Loader};
+use positions::{pad_len, rope_table, suffix_mask, SlidingMasks};
 use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::Arc;
@@ -130,66 +133,6 @@ pub struct Decoder {
     max_positions: usize,
     dense: DenseDecision,
     device: Device,
-}
-
-struct Loader<'a> {
-    src: &'a mut dyn WeightSource,
-    opts: LoadOptions,
-}
-
-impl Loader<'_> {
-    fn require(&mut self, p: Param) -> Result<Weight> {
-        self.src
-            .get(p)?
-            .ok_or_else(|| Error::weight(&p.gguf_name(), "not present in the file"))
-    }
-
-    fn matrix(&mut self, p: Param, rows: usize, cols: usize) -> Result<Weight> {
-        let w = self.require(p)?;
-        if w.dims() != [rows, cols] {
-            return Err(Error::weight(
-                &p.gguf_name(),
-                format!("shape {:?}, expected [{rows}, {cols}]", w.dims()),
-            ));
-        }
-        Ok(match w {
-            Weight::Quant(q) if self.opts.convert_slow_quants => Weight::Quant(convert_slow(q)?),
-            other => other,
-        })
-    }
-
-    fn vector(&mut self, p: Param, len: usize) -> Result<Tensor> {
-        let w = self.require(p)?;
-        if w.dims().iter().product::<usize>() != len {
-            return Err(Error::weight(
-                &p.gguf_name(),
-                format!("shape {:?}, expected [{len}]", w.dims()),
-            ));
-        }
-        w.to_f32()?.reshape(len).map_err(Into::into)
-    }
-
-    fn linear(
-        &mut self,
-        p: Param,
-        bias: Option<Param>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Linear> {
-        let w = self.matrix(p, rows, cols)?;
-        let b = match bias {
-            Some(b) => Some(self.vector(b, rows)?),
-            None => None,
-        };
-        Linear::from_weight(w, b, self.opts.dense, self.opts.kernels)
-    }
-
-    fn norm(&mut self, p: Param, len: usize, eps: f64) -> Result<RmsNorm> {
-        Ok(RmsNorm {
-            weight: self.vector(p, len)?,
-            eps: eps as f32,
-        })
-    }
 }
 
 impl Decoder {
@@ -637,205 +580,6 @@ impl Decoder {
         }
         Ok(out)
     }
-}
-
-/// Elements of every projection matrix (what dense copies would hold).
-fn projection_elems(cfg: &ModelConfig) -> usize {
-    let h = cfg.hidden_size;
-    let q = cfg.num_heads * cfg.head_dim;
-    let kv = cfg.num_kv_heads * cfg.head_dim;
-    let per_layer = 2 * q * h + 2 * kv * h + 3 * cfg.intermediate_size * h;
-    per_layer * cfg.num_layers + cfg.vocab_size * h
-}
-
-/// Resolves [`DenseMode::Auto`] into on or off by timing the first MLP's up and down
-/// projections.
-fn decide_dense(
-    src: &mut dyn WeightSource,
-    cfg: &ModelConfig,
-    opts: LoadOptions,
-    device: &Device,
-) -> Result<(DenseMode, DenseDecision)> {
-    let mode = opts.dense;
-    let bytes = projection_elems(cfg) * 4;
-    let fixed = |mode: DenseMode| {
-        let (dense, min_rows) = match mode {
-            DenseMode::On { min_rows } => (true, min_rows),
-            _ => (false, 0),
-        };
-        Ok((
-            mode,
-            DenseDecision {
-                dense,
-                min_rows,
-                probes: Vec::new(),
-                bytes,
-            },
-        ))
-    };
-    let min_rows = match mode {
-        DenseMode::Off | DenseMode::On { .. } => return fixed(mode),
-        DenseMode::Auto { min_rows } => min_rows.max(1),
-    };
-    let mut probe = Vec::new();
-    for p in [Param::Up(0), Param::Down(0)] {
-        match src.get(p)? {
-            Some(Weight::Quant(q)) if device.is_cpu() => probe.push(convert_slow(q)?),
-            // Dense checkpoints are dense already; on GPUs quantized kernels are not the
-            // bottleneck.
-            _ => return fixed(DenseMode::Off),
-        }
-    }
-    let fits = available_memory().is_none_or(|avail| bytes <= avail / 4);
-    let mut probes = Vec::new();
-    let mut chosen = None;
-    if fits {
-        for rows in [min_rows, 4 * min_rows, 16 * min_rows] {
-            let (q, d) = probe_dense(&probe, rows, opts.kernels)?;
-            probes.push((rows, q, d));
-            if d * 1.15 < q {
-                chosen = Some(rows);
-                break;
-            }
-        }
-    }
-    tracing::info!(
-        ?probes,
-        bytes,
-        fits,
-        ?chosen,
-        "dense weights for many-token forwards"
-    );
-    Ok(match chosen {
-        Some(rows) => (
-            DenseMode::On { min_rows: rows },
-            DenseDecision {
-                dense: true,
-                min_rows: rows,
-                probes,
-                bytes,
-            },
-        ),
-        None => (
-            DenseMode::Off,
-            DenseDecision {
-                dense: false,
-                min_rows: 0,
-                probes,
-                bytes,
-            },
-        ),
-    })
-}
-
-/// Pads (hkv, len, hd) with zeros along positions to `to`.
-fn pad_len(x: &Tensor, to: usize) -> Result<Tensor> {
-    let len = x.dim(1)?;
-    if len == to {
-        return Ok(x.contiguous()?);
-    }
-    let (h, _, d) = x.dims3()?;
-    let z = Tensor::zeros((h, to - len, d), x.dtype(), x.device())?;
-    Ok(Tensor::cat(&[x, &z], 1)?)
-}
-
-/// Additive mask (1, b, 1, t, kv_total) over the suffix keys: query i of row r (at suffix
-/// position s_r + i) sees suffix keys 0..=s_r+i, and with a window only those less than
-/// `window` positions back; padded queries see what their row's last real query sees.
-fn suffix_mask(
-    s: &[usize],
-    n: &[usize],
-    t: usize,
-    kv_total: usize,
-    window: Option<usize>,
-    dev: &Device,
-) -> Result<Tensor> {
-    let b = s.len();
-    let mut m = vec![0f32; b * t * kv_total];
-    for r in 0..b {
-        for i in 0..t {
-            let q = s[r] + i.min(n[r] - 1);
-            let lo = window.map_or(0, |w| (q + 1).saturating_sub(w));
-            for j in 0..kv_total {
-                if j > q || j < lo {
-                    m[(r * t + i) * kv_total + j] = f32::NEG_INFINITY;
-                }
-            }
-        }
-    }
-    Ok(Tensor::from_vec(m, (1, b, 1, t, kv_total), dev)?)
-}
-
-/// Masks of sliding-window layers for one batch.
-struct SlidingMasks {
-    suffix: Tensor,
-    /// First prefix position any query of the batch can see.
-    prefix_start: usize,
-    /// Additive mask (1, b, 1, t, lp - prefix_start) over the visible prefix, when some
-    /// query cannot see all of it.
-    prefix: Option<Tensor>,
-}
-
-impl SlidingMasks {
-    fn new(
-        lp: usize,
-        s: &[usize],
-        n: &[usize],
-        t: usize,
-        kv_total: usize,
-        window: usize,
-        dev: &Device,
-    ) -> Result<Self> {
-        let b = s.len();
-        let suffix = suffix_mask(s, n, t, kv_total, Some(window), dev)?;
-        // Absolute position of query (r, i) is lp + s_r + i; it sees keys >= pos + 1 - window.
-        let lowest = (0..b)
-            .map(|r| (lp + s[r] + 1).saturating_sub(window))
-            .min()
-            .unwrap_or(0);
-        let prefix_start = lowest.min(lp);
-        let plen = lp - prefix_start;
-        let mut any = false;
-        let mut m = vec![0f32; b * t * plen];
-        for r in 0..b {
-            for i in 0..t {
-                let q = lp + s[r] + i.min(n[r] - 1);
-                let lo = (q + 1).saturating_sub(window);
-                for j in 0..plen {
-                    if prefix_start + j < lo {
-                        m[(r * t + i) * plen + j] = f32::NEG_INFINITY;
-                        any = true;
-                    }
-                }
-            }
-        }
-        let prefix = match any {
-            true => Some(Tensor::from_vec(m, (1, b, 1, t, plen), dev)?),
-            false => None,
-        };
-        Ok(Self {
-            suffix,
-            prefix_start,
-            prefix,
-        })
-    }
-}
-
-fn rope_table(cfg: &ModelConfig, theta: f32, scale: f32, dev: &Device) -> Result<Rope> {
-    let max_pos = cfg.context_length.clamp(1, 1 << 17);
-    let half = cfg.head_dim / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| 1f32 / theta.powf((2 * i) as f32 / cfg.head_dim as f32) / scale)
-        .collect();
-    let inv = Tensor::from_vec(inv, (1, half), dev)?;
-    let p = Tensor::arange(0u32, max_pos as u32, dev)?
-        .to_dtype(DType::F32)?
-        .reshape((max_pos, 1))?;
-    let f = p.matmul(&inv)?;
-    Ok(Rope {
-        cos: f.cos()?.contiguous()?,
-        sin: f.sin()?.contiguous()?,
-    })
 }
 
 /// Index of the largest logit of a (vocab,) or (1, vocab) tensor.

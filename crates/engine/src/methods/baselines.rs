@@ -2,13 +2,13 @@
 //! (the target writes the whole summary in one generation), `target-self` (the target writes
 //! each slot, six streams in one batch) and `drafter-only` (the drafter does, unverified).
 
-use crate::backend::{Request, RequestKind, Response};
-use crate::outcome::Event;
-use crate::job::Job;
-use crate::outcome::{LineOut, Origin, SlotOut, SlotStop};
-use crate::lines::{Check, Checker};
-use crate::{prompt, Backend, Error, Result};
 use crate::backend::FinishReason;
+use crate::backend::{Request, RequestKind, Response};
+use crate::job::Job;
+use crate::lines::{Check, Checker};
+use crate::outcome::Event;
+use crate::outcome::{LineOut, Origin, SlotOut, SlotStop};
+use crate::{prompt, Backend, Error, Result};
 
 /// A generation's text and tokens; a last line cut by the token budget is dropped (a line is
 /// never kept cut).

@@ -5,12 +5,12 @@
 //! slot request, as `target-self` writes it, and goes through the same line checks. The
 //! draft length adapts per slot (see `Body::draft_len`).
 
-use crate::backend::{Request, RequestKind, Speculated};
 use super::baselines::take_lines;
+use crate::backend::FinishReason;
+use crate::backend::{Request, RequestKind, Speculated};
 use crate::job::Job;
 use crate::outcome::{Origin, SlotOut};
 use crate::{prompt, Backend, Error, Result};
-use crate::backend::FinishReason;
 
 struct Body {
     text: String,

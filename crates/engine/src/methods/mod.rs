@@ -4,4 +4,5 @@
 
 pub(crate) mod baselines;
 pub(crate) mod exact;
+mod slot_stream;
 pub(crate) mod speculative;

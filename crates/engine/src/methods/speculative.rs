@@ -10,130 +10,17 @@
 //! A slot that would end without a content line gets one target-written attempt of its whole
 //! body first: it may end empty only when the target, asked for that slot, writes nothing.
 
+use super::slot_stream::{Item, State, Stream};
+use crate::backend::FinishReason;
 use crate::backend::{Generated, LineRules, Request, RequestKind, Verified};
 use crate::job::{open_session, run_timed, Job};
-use crate::outcome::{Event, Judged, LineOut, Origin, SlotOut, SlotStop};
 use crate::judge::score;
 use crate::lines::{Check, Checker};
+use crate::outcome::{Event, Judged, LineOut, Origin, SlotOut, SlotStop};
 use crate::verify::{agreed_prefix, Divergence, LineScores, Verify};
 use crate::{prompt, Backend, Error, Result};
-use crate::backend::FinishReason;
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-/// One buffered draft item.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Item {
-    Line(String),
-    /// The drafter's token budget ran out inside its first line.
-    Unfinished(String),
-    /// The drafter ended the section here.
-    End,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum State {
-    Draft,
-    Verify(String),
-    Repair,
-    /// The target writes the whole slot body (the slot had no content line).
-    WholeSlot,
-    Done(SlotStop),
-}
-
-struct Stream {
-    slot: usize,
-    checker: Arc<Checker>,
-    lines: Vec<LineOut>,
-    /// Target tokens of each line of `lines`.
-    line_tokens: Vec<usize>,
-    tokens: usize,
-    /// Whether the target has been asked for the whole body (or wrote nothing for the slot).
-    whole_tried: bool,
-    state: State,
-    buffer: VecDeque<Item>,
-    /// The accepted texts the buffer's front item was drafted after.
-    expect: Vec<String>,
-    /// The next repair's start: a rejected line's part before its first divergence.
-    kept: String,
-    /// Target tokens of `kept`.
-    kept_tokens: usize,
-}
-
-impl Stream {
-    fn texts(&self) -> Vec<String> {
-        self.lines.iter().map(|l| l.text.clone()).collect()
-    }
-
-    fn content_lines(&self) -> usize {
-        self.lines
-            .iter()
-            .filter(|l| !l.text.trim().is_empty())
-            .count()
-    }
-
-    /// Whether a line reports something: not blank, not a declared sub-heading, not an
-    /// empty-slot marker.
-    fn has_content(&self) -> bool {
-        self.lines
-            .iter()
-            .any(|l| !l.text.trim().is_empty() && self.checker.check(&l.text, &[]) != Check::Auto)
-    }
-
-    /// Drops empty-slot markers (before the target writes the body in their place).
-    fn drop_markers(&mut self) {
-        let mut i = 0;
-        while i < self.lines.len() {
-            let t = self.lines[i].text.trim().to_lowercase();
-            if crate::lines::EMPTY_MARKERS.contains(&t.trim_end_matches('.')) {
-                self.lines.remove(i);
-                self.tokens -= self.line_tokens.remove(i);
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    /// Line rules of a whole body: stop where the model opens another section.
-    fn body_rules(&self) -> LineRules {
-        let checker = Arc::clone(&self.checker);
-        LineRules {
-            gate: Some(Arc::new(move |_: &[String], line: &str| {
-                checker.check(line, &[]) != Check::EndOfSlot
-            })),
-            ..LineRules::default()
-        }
-    }
-
-    /// Line rules of a draft: stop after the first line the checks refuse or that ends the
-    /// slot, finish a line the budget cut, and never open an undeclared heading.
-    fn draft_rules(&self, grace: usize, no_headings: bool) -> LineRules {
-        let checker = Arc::clone(&self.checker);
-        let accepted = self.texts();
-        LineRules {
-            gate: Some(Arc::new(move |prior: &[String], line: &str| {
-                let mut seen = accepted.clone();
-                seen.extend(prior.iter().cloned());
-                let c = checker.check(line, &seen);
-                !(c.fails() || c == Check::EndOfSlot)
-            })),
-            grace,
-            no_headings,
-        }
-    }
-
-    fn prompt(&self, head: &str) -> Vec<String> {
-        let mut p = Vec::with_capacity(self.lines.len() + 3);
-        p.push(head.to_string());
-        p.extend(self.lines.iter().map(|l| format!("{}\n", l.text)));
-        p
-    }
-
-    fn clear_buffer(&mut self) {
-        self.buffer.clear();
-        self.expect.clear();
-    }
-}
 
 /// What taking a line into A does.
 enum Admit {

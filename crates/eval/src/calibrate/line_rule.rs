@@ -3,8 +3,8 @@
 //! rule (weights and threshold) to ship.
 
 use super::{auc, choose_eta, Rates};
-use speccompact_engine::verify::{fit_logistic, LineRule, LineScores, FEATURES};
 use serde::Serialize;
+use speccompact_engine::verify::{fit_logistic, LineRule, LineScores, FEATURES};
 
 /// One candidate combination of scores.
 #[derive(Debug, Clone, Serialize)]
