@@ -2,10 +2,10 @@
 //! slot ended, the trace of counters and times, and the progress events.
 
 use crate::{Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A compaction method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Method {
     /// Drafter proposes lines, target verifies each with one token and repairs rejections.
@@ -68,7 +68,7 @@ impl std::str::FromStr for Method {
 }
 
 /// Who wrote a line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Origin {
     /// Drafted and accepted by verification (or kept unverified by `drafter-only`).
@@ -82,7 +82,7 @@ pub enum Origin {
 }
 
 /// One line of a slot.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LineOut {
     /// The text.
     pub text: String,
@@ -94,7 +94,7 @@ pub struct LineOut {
 }
 
 /// Why a slot ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SlotStop {
     /// A model ended the section.
@@ -110,7 +110,7 @@ pub enum SlotStop {
 }
 
 /// One slot of the summary.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SlotOut {
     /// Slot name.
     pub name: String,
@@ -145,8 +145,10 @@ impl SlotOut {
     }
 }
 
-/// Counters and times of one compaction.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// Counters and times of one compaction. Reading a report back, fields it lacks (written
+/// before they existed) are zero or empty.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Trace {
     /// Whole compaction, history rendering and prefill included.
     pub wall_ms: f64,
@@ -221,7 +223,7 @@ pub struct Trace {
 }
 
 /// One stage of a compaction in stages.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stage {
     /// Messages of the original history it compacted (1-based, inclusive).
     pub messages: (usize, usize),
@@ -250,8 +252,48 @@ pub struct Judged {
     pub by: &'static str,
 }
 
+/// The ways a line is decided, as [`Judged::by`] names them.
+pub const DECIDED_BY: [&str; 3] = ["ratio", "rule", "own-line"];
+
+/// [`Judged`] as read from a report (its `by` owned until checked). Reports written before
+/// the token scores and the line rule existed judged by the ratio alone.
+#[derive(Deserialize)]
+struct JudgedRecord {
+    slot: String,
+    r: f32,
+    accepted: bool,
+    #[serde(default)]
+    scores: crate::verify::LineScores,
+    #[serde(default)]
+    probability: Option<f64>,
+    #[serde(default = "ratio")]
+    by: String,
+}
+
+fn ratio() -> String {
+    DECIDED_BY[0].to_string()
+}
+
+impl<'de> Deserialize<'de> for Judged {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let j = JudgedRecord::deserialize(d)?;
+        let by = DECIDED_BY
+            .into_iter()
+            .find(|b| *b == j.by)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&j.by, &DECIDED_BY))?;
+        Ok(Judged {
+            slot: j.slot,
+            r: j.r,
+            accepted: j.accepted,
+            scores: j.scores,
+            probability: j.probability,
+            by,
+        })
+    }
+}
+
 /// A finished compaction.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Compaction {
     /// The method that produced it.
     pub method: Method,
@@ -264,7 +306,7 @@ pub struct Compaction {
 }
 
 /// Progress of a compaction, for UIs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// The shared prefixes are prefilled.

@@ -70,7 +70,7 @@ impl Divergence {
 }
 
 /// The evidence on one verified line.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LineScores {
     /// The one-token judgment's p_yes / (p_yes + p_no).
     pub r: f32,

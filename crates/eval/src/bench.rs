@@ -3,13 +3,14 @@
 //! `sequential` cold (shared prefill included) and warm (prefill excluded), acceptance and
 //! call counts, as a markdown table or JSON.
 
-use speccompact_engine::{Backend, Compaction, Compactor, Event, Method, Trace};
 use crate::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use speccompact_engine::{Backend, Compaction, Compactor, Event, Method, Trace};
 use speccompact_history::History;
 
-/// One method on one session.
-#[derive(Debug, Clone, Serialize)]
+/// One method on one session. Reading a report back, counters it lacks (written before
+/// they existed) are zero.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchRun {
     /// Session id (or its index in the file).
     pub session: String,
@@ -18,63 +19,84 @@ pub struct BenchRun {
     /// The compaction's counters and times.
     pub trace: Trace,
     /// Lines kept, over all slots (blank lines not counted).
+    #[serde(default)]
     pub lines: usize,
     /// The summary.
     pub markdown: String,
     /// Sequential wall time / this wall time, when sequential ran on the session.
+    #[serde(default)]
     pub speedup_cold: Option<f64>,
     /// The same without the shared prefill (history already in the cache).
+    #[serde(default)]
     pub speedup_warm: Option<f64>,
 }
 
 /// Totals of one method over all sessions.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchSummary {
     /// The method.
     pub method: Method,
     /// Sessions run.
+    #[serde(default)]
     pub sessions: usize,
     /// Mean wall time (ms).
+    #[serde(default)]
     pub mean_wall_ms: f64,
     /// Mean wall time without the shared prefill (ms).
+    #[serde(default)]
     pub mean_warm_ms: f64,
     /// Mean prefill time (ms).
+    #[serde(default)]
     pub mean_prefill_ms: f64,
     /// Mean drafter / verification / repair time (ms).
+    #[serde(default)]
     pub mean_draft_ms: f64,
     /// Mean verification time (ms).
+    #[serde(default)]
     pub mean_verify_ms: f64,
     /// Mean repair (target generation) time (ms).
+    #[serde(default)]
     pub mean_repair_ms: f64,
     /// Sum of sequential wall times / sum of this method's (cold).
+    #[serde(default)]
     pub speedup_cold: Option<f64>,
     /// The same without the shared prefill.
+    #[serde(default)]
     pub speedup_warm: Option<f64>,
     /// Accepted / proposed drafted lines over all sessions.
+    #[serde(default)]
     pub acceptance_rate: f64,
     /// Mean drafter requests.
+    #[serde(default)]
     pub drafter_calls: f64,
     /// Mean verification requests.
+    #[serde(default)]
     pub verify_calls: f64,
     /// Mean target generation requests.
+    #[serde(default)]
     pub repair_calls: f64,
     /// Mean batched model calls.
+    #[serde(default)]
     pub batches: f64,
     /// Mean drafted lines refused by the checks (sent to repair without a judgment).
+    #[serde(default)]
     pub failed_checks: f64,
     /// Mean drafted lines that went through the checks.
+    #[serde(default)]
     pub proposed: f64,
     /// Mean tokens the drafter generated.
+    #[serde(default)]
     pub drafter_tokens: f64,
 }
 
 /// A compaction of a session without its last messages, then of the whole session: the
 /// second reuses the first's prefilled prefixes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Recompaction {
     /// Session id.
     pub session: String,
     /// Messages the session grew by.
+    #[serde(default)]
     pub grown_by: usize,
     /// The first compaction (cold).
     pub first: Trace,
@@ -143,7 +165,7 @@ pub fn recompaction_table(rs: &[Recompaction]) -> String {
 }
 
 /// A whole benchmark.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchReport {
     /// Every run, sessions in order, methods interleaved.
     pub runs: Vec<BenchRun>,

@@ -1,0 +1,347 @@
+//! The `speccompact` binary on bad inputs (exit status and message), and one compaction of
+//! the sample session with tiny random-weight models. Every run gets an empty model store
+//! (`SPECCOMPACT_HOME`) and an empty working folder, so nothing is fetched or written
+//! outside the test's temporary folder.
+
+use speccompact_runtime::synthetic::TinyModel;
+use speccompact_runtime::Architecture;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A temporary folder for one test: store home, working folder and written files.
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        std::fs::create_dir(dir.path().join("home")).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes `text` to `name`; returns its path as a string.
+    fn file(&self, name: &str, text: &str) -> String {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    }
+
+    /// Writes a tiny random-weight GGUF model with a context of `context` tokens.
+    fn tiny(&self, arch: Architecture, seed: u64, context: usize) -> String {
+        let mut t = TinyModel::new(arch);
+        t.seed = seed;
+        t.context = context;
+        let p = self.path(&format!("{arch:?}-{seed}-{context}.gguf"));
+        t.write(&p).expect("write tiny model");
+        p.display().to_string()
+    }
+
+    /// Runs the binary with `args`.
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_speccompact"))
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("SPECCOMPACT_HOME", self.path("home"))
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run speccompact")
+    }
+}
+
+fn sample() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/sample-session.json")
+        .display()
+        .to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts the exit status and that stderr holds every one of `needles`.
+#[track_caller]
+fn fails(o: &Output, code: i32, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "stderr:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from stderr:\n{err}");
+    }
+}
+
+/// Small budgets for tiny models (random weights rarely end a generation on their own).
+const FAST: &str = "eta = 0.5\ndraft_tokens = 12\nrepair_tokens = 8\nline_grace = 8\n\
+                    slot_max_lines = 2\nslot_max_tokens = 32\nsummary_budget = 400\n";
+
+#[test]
+fn missing_history_file_is_named() {
+    let s = Sandbox::new();
+    let missing = s.path("missing.json").display().to_string();
+    let o = s.run(&["compact", &missing]);
+    fails(&o, 1, &[&format!("reading {missing}"), "No such file"]);
+}
+
+#[test]
+fn malformed_json_history_is_a_parse_error() {
+    let s = Sandbox::new();
+    let bad = s.file("bad.json", "{\"messages\": [{\"role\": \"user\", ");
+    let o = s.run(&["compact", &bad]);
+    fails(&o, 1, &[&format!("parsing {bad}"), "not JSON"]);
+}
+
+#[test]
+fn unknown_method_is_refused_with_the_possible_values() {
+    let s = Sandbox::new();
+    let o = s.run(&["compact", &sample(), "--method", "fastest"]);
+    fails(
+        &o,
+        2,
+        &[
+            "invalid value 'fastest' for '--method <METHOD>'",
+            "speculative, sequential, target-self, drafter-only",
+        ],
+    );
+}
+
+#[test]
+fn unknown_method_in_a_list_is_refused() {
+    let s = Sandbox::new();
+    let o = s.run(&[
+        "bench",
+        "--data",
+        "x.jsonl",
+        "--methods",
+        "speculative,fast",
+    ]);
+    fails(&o, 2, &["invalid value 'fast' for '--methods <METHODS>'"]);
+    let o = s.run(&["eval", "--data", "x.jsonl", "--methods", "full,everything"]);
+    fails(
+        &o,
+        2,
+        &[
+            "invalid value 'everything' for '--methods <METHODS>'",
+            "truncate-tail, full",
+        ],
+    );
+}
+
+#[test]
+fn method_lists_allow_spaces_after_commas() {
+    // The list parses; the run then stops at the missing data file.
+    let s = Sandbox::new();
+    let o = s.run(&[
+        "bench",
+        "--data",
+        "missing.jsonl",
+        "--methods",
+        "speculative, sequential",
+    ]);
+    fails(&o, 1, &["reading missing.jsonl"]);
+}
+
+#[test]
+fn bad_overflow_value_is_refused() {
+    let s = Sandbox::new();
+    let o = s.run(&["compact", &sample(), "--overflow", "sideways"]);
+    fails(
+        &o,
+        2,
+        &[
+            "invalid value 'sideways' for '--overflow <OVERFLOW>'",
+            "stages, error, middle-cut",
+        ],
+    );
+}
+
+#[test]
+fn bad_format_and_verify_values_are_refused() {
+    let s = Sandbox::new();
+    let o = s.run(&["compact", &sample(), "--format", "table"]);
+    fails(
+        &o,
+        2,
+        &["invalid value 'table' for '--format <FORMAT>'", "md, json"],
+    );
+    let o = s.run(&["bench", "--data", "x.jsonl", "--format", "md"]);
+    fails(
+        &o,
+        2,
+        &["invalid value 'md' for '--format <FORMAT>'", "table, json"],
+    );
+    let o = s.run(&["compact", &sample(), "--verify", "strict"]);
+    fails(&o, 2, &["invalid value 'strict' for '--verify <VERIFY>'"]);
+}
+
+#[test]
+fn bad_tail_budget_is_refused() {
+    let s = Sandbox::new();
+    let o = s.run(&["eval", "--data", "x.jsonl", "--tail-budget", "0"]);
+    fails(
+        &o,
+        2,
+        &[
+            "'--tail-budget <TAIL_BUDGET>'",
+            "neither `matched` nor a positive token count",
+        ],
+    );
+}
+
+#[test]
+fn unknown_model_name_lists_the_known_models() {
+    let s = Sandbox::new();
+    let o = s.run(&["compact", &sample(), "--target", "no-such-model"]);
+    fails(
+        &o,
+        1,
+        &[
+            "unknown model `no-such-model`",
+            "known models:",
+            "qwen2.5-coder-0.5b-instruct",
+        ],
+    );
+}
+
+#[test]
+fn corrupt_gguf_target_is_named() {
+    let s = Sandbox::new();
+    let drafter = s.tiny(Architecture::Llama, 3, 4096);
+    let bad = s.file("broken.gguf", "GGUF but not really a model file");
+    let o = s.run(&[
+        "compact",
+        &sample(),
+        "--drafter",
+        &drafter,
+        "--target",
+        &bad,
+    ]);
+    fails(&o, 1, &[&format!("{bad} is not a valid GGUF file")]);
+}
+
+#[test]
+fn settings_file_with_an_unknown_key_is_refused() {
+    let s = Sandbox::new();
+    let cfg = s.file("bad.toml", "eta = 0.6\nspeed = \"fast\"\n");
+    let o = s.run(&["compact", &sample(), "--config", &cfg]);
+    fails(&o, 1, &[&format!("config {cfg}"), "unknown field `speed`"]);
+}
+
+#[test]
+fn settings_out_of_range_are_refused() {
+    let s = Sandbox::new();
+    let cfg = s.file("eta.toml", "eta = 1.5\n");
+    let o = s.run(&["compact", &sample(), "--config", &cfg]);
+    fails(
+        &o,
+        1,
+        &[&format!("config {cfg}"), "eta must be in (0, 1], not 1.5"],
+    );
+    let cfg = s.file("budget.toml", "summary_budget = 0\n");
+    let o = s.run(&["compact", &sample(), "--config", &cfg]);
+    fails(&o, 1, &["summary_budget must be at least 1"]);
+    let o = s.run(&["compact", &sample(), "--eta", "0"]);
+    fails(
+        &o,
+        1,
+        &["config command line: eta must be in (0, 1], not 0"],
+    );
+}
+
+#[test]
+fn history_over_a_tiny_context_fails_with_overflow_error() {
+    let s = Sandbox::new();
+    let drafter = s.tiny(Architecture::Llama, 3, 256);
+    let target = s.tiny(Architecture::Qwen2, 5, 256);
+    let o = s.run(&[
+        "--threads",
+        "1",
+        "compact",
+        &sample(),
+        "--drafter",
+        &drafter,
+        "--target",
+        &target,
+        "--overflow",
+        "error",
+    ]);
+    fails(
+        &o,
+        1,
+        &[
+            "the history is",
+            "whose context of 256 tokens",
+            "--overflow stages",
+        ],
+    );
+}
+
+#[test]
+fn workspace_commands_refuse_unknown_sessions_and_full_windows() {
+    let s = Sandbox::new();
+    let ws = s.path("ws").display().to_string();
+    let o = s.run(&["ingest", &sample(), "--workspace", &ws]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("session sample-flaky-upload: "),
+        "stdout:\n{out}"
+    );
+    // Both fail before the target's tokenizer would be fetched (the store here is empty).
+    let o = s.run(&["assemble", "nobody", "--workspace", &ws]);
+    fails(&o, 1, &["nobody"]);
+    let o = s.run(&[
+        "assemble",
+        "sample-flaky-upload",
+        "--window",
+        "2000",
+        "--workspace",
+        &ws,
+    ]);
+    fails(&o, 1, &["2500", "leave nothing of the 2000-token window"]);
+}
+
+#[test]
+fn compact_sample_session_with_tiny_models_gives_six_slots_and_a_trace() {
+    let s = Sandbox::new();
+    let drafter = s.tiny(Architecture::Llama, 3, 16384);
+    let target = s.tiny(Architecture::Qwen2, 5, 16384);
+    let cfg = s.file("fast.toml", FAST);
+    let o = s.run(&[
+        "--threads",
+        "1",
+        "compact",
+        &sample(),
+        "--drafter",
+        &drafter,
+        "--target",
+        &target,
+        "--config",
+        &cfg,
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "stderr:\n{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    assert_eq!(v["method"], "speculative");
+    let slots = v["slots"].as_array().expect("slots");
+    let names: Vec<&str> = slots.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "goal",
+            "constraints_preferences",
+            "progress",
+            "key_decisions",
+            "next_steps",
+            "critical_context"
+        ]
+    );
+    let trace = v["trace"].as_object().expect("trace");
+    assert!(trace["wall_ms"].as_f64().unwrap() > 0.0, "{trace:?}");
+    assert!(trace["drafter_calls"].as_u64().unwrap() > 0, "{trace:?}");
+    assert!(v["markdown"].as_str().is_some_and(|m| m.contains("## ")));
+}
