@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use speccompact_engine::{CompactionConfig, Compactor, Method};
+use speccompact_engine::{CompactionConfig, Method};
 use speccompact_runtime::{set_threads, RuntimeSettings};
 use speccompact_store::Store;
 use speccompact_workspace::{
@@ -101,7 +101,7 @@ fn main() -> Result<()> {
                 cb.count_tokens(s).unwrap_or(s.len() / 4)
             },
         ));
-        ws.register_cache(judge.clone());
+        ws.register_cache(judge.clone())?;
         let s = ws.session(&id)?;
         let ing = s.append_history(h, Some((judge.as_ref(), args.judge_eta)))?;
         let compacted = s.compact(&summarizer, SummaryKind::Budget)?;

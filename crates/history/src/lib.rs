@@ -94,12 +94,32 @@ impl Message {
 }
 
 /// An agent history: messages in order, with an optional id (from a session record).
+///
+/// The parsers build it through [`History::new`], so a parsed history is never empty; the
+/// fields stay public for callers that assemble a history themselves (which must then handle
+/// an empty one, e.g. by answering [`HistoryError::Empty`]).
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct History {
     /// Session id, when the input carried one.
     pub id: Option<String>,
     /// The messages.
     pub messages: Vec<Message>,
+}
+
+impl History {
+    /// A history of `messages` without an id; [`HistoryError::Empty`] when there are none.
+    pub fn new(messages: Vec<Message>) -> Result<Self> {
+        if messages.is_empty() {
+            return Err(HistoryError::Empty);
+        }
+        Ok(Self { id: None, messages })
+    }
+
+    /// The same history with session id `id`.
+    pub fn with_id(mut self, id: Option<String>) -> Self {
+        self.id = id;
+        self
+    }
 }
 
 /// Why an input is not a history; always names where.

@@ -85,10 +85,7 @@ pub fn parse_value(v: &Value) -> Result<History> {
     for (i, m) in list.iter().enumerate() {
         messages.extend(parse_message(i, m)?);
     }
-    if messages.is_empty() {
-        return Err(HistoryError::Empty);
-    }
-    Ok(History { id, messages })
+    Ok(History::new(messages)?.with_id(id))
 }
 
 fn bad(index: usize, reason: impl Into<String>) -> HistoryError {

@@ -3,7 +3,8 @@
 //! data folder is absent unless `SPECCOMPACT_REQUIRE_DATA=1`).
 
 use speccompact_history::{
-    parse_history, parse_value, render, Arguments, HistoryError, RenderOptions, Role,
+    parse_history, parse_value, render, Arguments, History, HistoryError, Message, RenderOptions,
+    Role,
 };
 
 #[test]
@@ -154,4 +155,23 @@ fn a_middle_cut_is_marked_and_keeps_both_ends() {
     for gone in ["m2-text", "m3-text", "m4-text"] {
         assert!(!t.contains(gone), "{gone} kept: {t}");
     }
+}
+
+#[test]
+fn a_history_is_never_built_empty() {
+    assert_eq!(History::new(Vec::new()).unwrap_err(), HistoryError::Empty);
+    let h = History::new(vec![Message::text(Role::User, "hi")])
+        .unwrap()
+        .with_id(Some("s1".into()));
+    assert_eq!(h.id.as_deref(), Some("s1"));
+    assert_eq!(h.messages.len(), 1);
+    // A session record without messages is the same named error, with or without a system
+    // prompt making it non-empty.
+    assert_eq!(
+        parse_history(r#"{"id":"s","messages":[]}"#).unwrap_err(),
+        HistoryError::Empty
+    );
+    let h = parse_history(r#"{"id":"s","system":"be brief","messages":[]}"#).unwrap();
+    assert_eq!(h.id.as_deref(), Some("s"));
+    assert_eq!(h.messages[0].role, Role::System);
 }

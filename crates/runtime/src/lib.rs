@@ -14,6 +14,8 @@ pub mod generate;
 pub mod linear;
 pub mod model;
 pub mod settings;
+// Tiny random-weight models for tests and benchmarks: `cfg(test)` here, feature `testing` elsewhere.
+#[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
@@ -30,5 +32,5 @@ pub use generate::{
 };
 pub use linear::{kernel_decisions, DenseDecision, DenseMode, KernelDecision, KernelMode};
 pub use model::{read_gguf, Model};
-pub use settings::RuntimeSettings;
+pub use settings::{DenseChoice, RuntimeSettings, DEFAULT_RUNTIME};
 pub use tokenizer::Tokenizer;

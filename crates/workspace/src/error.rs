@@ -61,9 +61,29 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// The summarizer failed.
-    #[error("summarizer: {0}")]
-    Summarizer(String),
+    /// The engine (a summarizer's compactor or the judge's backend) failed.
+    #[error("engine: {0}")]
+    Engine(#[from] speccompact_engine::Error),
+    /// A lock is poisoned (a thread panicked while holding it); names the lock. From a
+    /// deletion: the database part is committed, but a model cache may still hold the deleted
+    /// text until the process restarts.
+    #[error("{0} lock poisoned (a thread panicked while holding it)")]
+    Poisoned(&'static str),
+    /// Compaction or a rebuild was asked of a session without events.
+    #[error("session `{session}` has no events to summarize")]
+    NoEvents {
+        /// The session.
+        session: String,
+    },
+    /// No such summary.
+    #[error("unknown summary {0}")]
+    UnknownSummary(i64),
+    /// The judge's backend answered a judge request without a token distribution.
+    #[error("the judge returned no distribution for a candidate of event {event}")]
+    NoJudgement {
+        /// The candidate's source event.
+        event: i64,
+    },
     /// An input history is malformed.
     #[error("history: {0}")]
     History(#[from] speccompact_history::HistoryError),

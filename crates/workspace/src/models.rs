@@ -10,14 +10,16 @@ use crate::{Error, Result};
 use speccompact_engine::{
     score, Backend, CompactionConfig, Compactor, Method, Request, RequestKind, Response,
 };
-use speccompact_history::{History, Message, Role};
+use speccompact_history::{History, HistoryError, Message, Role};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// A cache whose entries contain event text.
 pub trait EventCache: Send + Sync {
-    /// Drops every entry that contains one of `events`; returns how many were dropped.
-    fn evict(&self, events: &[i64]) -> usize;
+    /// Drops every entry that contains one of `events`; returns how many were dropped. An
+    /// error means entries holding their text may remain (a deletion then fails loudly).
+    fn evict(&self, events: &[i64]) -> Result<usize>;
     /// Whether an entry contains `event`.
     fn holds(&self, event: i64) -> bool;
 }
@@ -82,12 +84,11 @@ impl<B: Backend + 'static> Summarizer for EngineSummarizer<B> {
     fn summarize(&self, previous: Option<&str>, events: &[Event]) -> Result<String> {
         let h = history_for(previous, events);
         if h.messages.is_empty() {
-            return Err(Error::Summarizer("nothing to summarize".into()));
+            return Err(HistoryError::Empty.into());
         }
         let out = self
             .compactor
-            .compact_blocking(&h, self.method, &mut |_| {})
-            .map_err(|e| Error::Summarizer(e.to_string()))?;
+            .compact_blocking(&h, self.method, &mut |_| {})?;
         Ok(out.markdown)
     }
 }
@@ -95,11 +96,8 @@ impl<B: Backend + 'static> Summarizer for EngineSummarizer<B> {
 /// The compactor's session cache holds prefilled history text: a deletion drops all of it
 /// (register the summarizer with `Workspace::register_cache`).
 impl<B: Backend + 'static> EventCache for EngineSummarizer<B> {
-    fn evict(&self, _events: &[i64]) -> usize {
-        self.compactor.forget_all().unwrap_or_else(|e| {
-            tracing::error!(error = %e, "could not clear the compactor's session cache");
-            0
-        })
+    fn evict(&self, _events: &[i64]) -> Result<usize> {
+        Ok(self.compactor.forget_all()?)
     }
     fn holds(&self, _event: i64) -> bool {
         self.compactor.cached().is_ok_and(|(n, _)| n > 0)
@@ -148,16 +146,10 @@ impl<B: Backend> CandidateJudge for ModelJudge<B> {
         let mut sessions = self
             .sessions
             .lock()
-            .map_err(|_| Error::Summarizer("judge cache poisoned".into()))?;
-        if !sessions.contains_key(&event.id) {
-            let s = self
-                .backend
-                .open(&self.prefix(event))
-                .map_err(|e| Error::Summarizer(e.to_string()))?;
-            sessions.insert(event.id, s);
-        }
-        let Some(session) = sessions.get_mut(&event.id) else {
-            return Err(Error::Summarizer("judge cache lost an entry".into()));
+            .map_err(|_| Error::Poisoned("judge prefix cache"))?;
+        let session = match sessions.entry(event.id) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => v.insert(self.backend.open(&self.prefix(event))?),
         };
         let kind = draft.kind.as_str().replace('_', " ");
         let f = self.backend.format();
@@ -165,20 +157,17 @@ impl<B: Backend> CandidateJudge for ModelJudge<B> {
             "Candidate {kind}: \"{}\"\nDoes the message state this {kind}?{}",
             draft.value, f.user_to_assistant
         );
-        let resp = self
-            .backend
-            .run(
-                session,
-                &[Request {
-                    stream: 0,
-                    prompt: vec![q],
-                    kind: RequestKind::Judge {
-                        top_k: self.config.top_k,
-                    },
-                    lines: Default::default(),
-                }],
-            )
-            .map_err(|e| Error::Summarizer(e.to_string()))?;
+        let resp = self.backend.run(
+            session,
+            &[Request {
+                stream: 0,
+                prompt: vec![q],
+                kind: RequestKind::Judge {
+                    top_k: self.config.top_k,
+                },
+                lines: Default::default(),
+            }],
+        )?;
         match resp.first() {
             Some(Response::Judged(top)) => Ok(score(
                 top,
@@ -186,21 +175,20 @@ impl<B: Backend> CandidateJudge for ModelJudge<B> {
                 &self.config.negative_labels,
             )
             .r),
-            _ => Err(Error::Summarizer(
-                "the judge returned no distribution".into(),
-            )),
+            _ => Err(Error::NoJudgement { event: event.id }),
         }
     }
 }
 
 impl<B: Backend> EventCache for ModelJudge<B> {
-    fn evict(&self, events: &[i64]) -> usize {
-        let Ok(mut s) = self.sessions.lock() else {
-            return 0;
-        };
+    fn evict(&self, events: &[i64]) -> Result<usize> {
+        let mut s = self
+            .sessions
+            .lock()
+            .map_err(|_| Error::Poisoned("judge prefix cache"))?;
         let before = s.len();
         s.retain(|id, _| !events.contains(id));
-        before - s.len()
+        Ok(before - s.len())
     }
     fn holds(&self, event: i64) -> bool {
         self.sessions.lock().is_ok_and(|s| s.contains_key(&event))

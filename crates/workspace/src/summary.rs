@@ -160,7 +160,7 @@ pub fn get(conn: &Connection, id: i64) -> Result<Summary> {
             from_row,
         )
         .optional()?
-        .ok_or_else(|| Error::Summarizer(format!("no summary {id}")))?;
+        .ok_or(Error::UnknownSummary(id))?;
     s.sources = sources_of(conn, id)?;
     Ok(s)
 }

@@ -17,7 +17,7 @@ use crate::state::{self, Draft, Record, Status, WriteOutcome, MAIN};
 use crate::summary::{self, diverge, Divergence, NewSummary, Summary, SummaryKind};
 use crate::triggers::{self, Trigger};
 use crate::{Error, Result};
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction};
 use serde::Serialize;
 use speccompact_history::History;
 use std::path::Path;
@@ -30,6 +30,10 @@ pub type TokenCounter = Arc<dyn Fn(&str) -> usize + Send + Sync>;
 pub fn char_estimate() -> TokenCounter {
     Arc::new(|s: &str| s.chars().count().div_ceil(4))
 }
+
+// Names of the workspace's locks, as `Error::Poisoned` reports them.
+const CONNECTION: &str = "workspace connection";
+const CACHES: &str = "workspace model caches";
 
 /// A workspace: one database of sessions.
 pub struct Workspace {
@@ -115,11 +119,33 @@ impl Workspace {
         self
     }
 
-    /// Registers a cache that deletions must reach.
-    pub fn register_cache(&self, cache: Arc<dyn EventCache>) {
-        if let Ok(mut c) = self.caches.lock() {
-            c.push(cache);
+    /// Registers a cache that deletions must reach; [`Error::Poisoned`] (and not registered)
+    /// when the lock of the cache list is poisoned.
+    pub fn register_cache(&self, cache: Arc<dyn EventCache>) -> Result<()> {
+        self.caches
+            .lock()
+            .map_err(|_| Error::Poisoned(CACHES))?
+            .push(cache);
+        Ok(())
+    }
+
+    /// Evicts `ids` from every registered cache (after the deletion is committed). Every cache
+    /// is tried; the first failure is returned, so a deletion never reports success while a
+    /// cache may still hold the deleted text.
+    fn evict(&self, ids: &[i64]) -> Result<usize> {
+        let caches = self.caches.lock().map_err(|_| Error::Poisoned(CACHES))?;
+        let mut evicted = 0;
+        let mut first_err = None;
+        for c in caches.iter() {
+            match c.evict(ids) {
+                Ok(n) => evicted += n,
+                Err(e) => {
+                    tracing::error!(error = %e, "a model cache could not evict deleted events");
+                    first_err.get_or_insert(e);
+                }
+            }
         }
+        first_err.map_or(Ok(evicted), Err)
     }
 
     /// The settings.
@@ -133,9 +159,7 @@ impl Workspace {
     }
 
     fn db(&self) -> Result<MutexGuard<'_, Connection>> {
-        self.conn
-            .lock()
-            .map_err(|_| Error::Summarizer("workspace connection poisoned".into()))
+        self.conn.lock().map_err(|_| Error::Poisoned(CONNECTION))
     }
 
     /// A session, created when new.
@@ -176,27 +200,35 @@ impl Workspace {
     }
 
     /// Deletes a whole session: every event (log, index, caches), every summary, every record.
+    /// The database part is one transaction (a failure leaves the session whole); the caches
+    /// are cleared after it commits ([`Error::Poisoned`] or the cache's error when one cannot
+    /// be: the database deletion then stands, the cache may still hold the text).
     pub fn delete_session(&self, id: &str) -> Result<DeletionReport> {
-        let s = self.existing(id)?;
-        let ids: Vec<i64> = s.events()?.iter().map(|e| e.id).collect();
-        let mut report = s.delete_events(&ids, None)?;
-        let db = self.db()?;
-        let mut st = db.prepare("SELECT id FROM records WHERE session = ?1")?;
-        let recs: Vec<i64> = st
-            .query_map([id], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        report.records_marked = recs;
-        drop(st);
-        db.execute("DELETE FROM records WHERE session = ?1", [id])?;
-        db.execute("DELETE FROM branches WHERE session = ?1", [id])?;
-        let left = summary::list(&db, id)?;
-        let left_ids: Vec<i64> = left.iter().map(|s| s.id).collect();
-        for sid in &left_ids {
-            db.execute("DELETE FROM summary_sources WHERE summary_id = ?1", [sid])?;
-            db.execute("DELETE FROM summaries WHERE id = ?1", [sid])?;
-        }
-        report.summaries_dropped.extend(left_ids);
-        db.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+        self.existing(id)?;
+        let mut report = {
+            let mut db = self.db()?;
+            let tx = db.transaction()?;
+            let ids: Vec<i64> = event::list(&tx, id)?.iter().map(|e| e.id).collect();
+            let mut report = delete_events_in(&tx, id, &ids)?;
+            let recs: Vec<i64> = {
+                let mut st = tx.prepare("SELECT id FROM records WHERE session = ?1")?;
+                let rows = st.query_map([id], |r| r.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            report.records_marked = recs;
+            tx.execute("DELETE FROM records WHERE session = ?1", [id])?;
+            tx.execute("DELETE FROM branches WHERE session = ?1", [id])?;
+            let left_ids: Vec<i64> = summary::list(&tx, id)?.iter().map(|s| s.id).collect();
+            for sid in &left_ids {
+                tx.execute("DELETE FROM summary_sources WHERE summary_id = ?1", [sid])?;
+                tx.execute("DELETE FROM summaries WHERE id = ?1", [sid])?;
+            }
+            report.summaries_dropped.extend(left_ids);
+            tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+            tx.commit()?;
+            report
+        };
+        report.cache_entries = self.evict(&report.events)?;
         Ok(report)
     }
 }
@@ -471,7 +503,9 @@ impl<'w> Session<'w> {
                     divergence: None,
                 });
             }
-            return Err(Error::Summarizer("the session has no events".into()));
+            return Err(Error::NoEvents {
+                session: self.id.clone(),
+            });
         }
         let generation = prev.as_ref().map_or(1, |p| p.generation + 1);
         let text = s.summarize(prev.as_ref().map(|p| p.text.as_str()), &fresh)?;
@@ -500,7 +534,9 @@ impl<'w> Session<'w> {
     pub fn rebuild(&self, s: &dyn Summarizer, generation: i64) -> Result<Summary> {
         let events = self.events()?;
         if events.is_empty() {
-            return Err(Error::Summarizer("the session has no events".into()));
+            return Err(Error::NoEvents {
+                session: self.id.clone(),
+            });
         }
         let text = s.summarize(None, &events)?;
         self.store(s, SummaryKind::Rebuild, generation, None, &text, &events)
@@ -613,7 +649,9 @@ impl<'w> Session<'w> {
 
     /// Deletes one event: from the log, the index, the caches and every summary derived from
     /// it (dropped; rebuilt from the remaining log when `rebuild` is given); records citing
-    /// it are marked.
+    /// it are marked. The caches are cleared after the database deletion commits; when one
+    /// cannot be ([`Error::Poisoned`], or the cache's own error) the deletion fails, though
+    /// the database part stands.
     pub fn delete_event(
         &self,
         id: i64,
@@ -628,37 +666,14 @@ impl<'w> Session<'w> {
         ids: &[i64],
         rebuild: Option<&dyn Summarizer>,
     ) -> Result<DeletionReport> {
-        let mut report = DeletionReport {
-            events: ids.to_vec(),
-            ..DeletionReport::default()
-        };
-        {
+        let mut report = {
             let mut db = self.ws.db()?;
             let tx = db.transaction()?;
-            report.summaries_dropped = summary::delete_derived_from(&tx, ids)?;
-            for r in state::on_branch_all(&tx, &self.id)? {
-                if r.sources.iter().any(|s| ids.contains(s)) {
-                    tx.execute(
-                        "UPDATE records SET source_deleted = 1 WHERE id = ?1",
-                        [r.id],
-                    )?;
-                    report.records_marked.push(r.id);
-                }
-            }
-            for id in ids {
-                tx.execute("DELETE FROM evidence WHERE event_id = ?1", [id])?;
-                tx.execute("DELETE FROM redactions WHERE event_id = ?1", [id])?;
-                tx.execute("DELETE FROM events WHERE id = ?1", [id])?;
-                tx.execute(
-                    "INSERT INTO deletions (event_id, session, time_ms) VALUES (?1, ?2, ?3)",
-                    rusqlite::params![id, self.id, crate::db::now_ms()],
-                )?;
-            }
+            let report = delete_events_in(&tx, &self.id, ids)?;
             tx.commit()?;
-        }
-        if let Ok(caches) = self.ws.caches.lock() {
-            report.cache_entries = caches.iter().map(|c| c.evict(ids)).sum();
-        }
+            report
+        };
+        report.cache_entries = self.ws.evict(ids)?;
         if let Some(s) = rebuild {
             if !report.summaries_dropped.is_empty() && !self.events()?.is_empty() {
                 report.summary_rebuilt = Some(self.rebuild(s, 1)?.id);
@@ -693,4 +708,34 @@ impl<'w> Session<'w> {
         tx.commit()?;
         Ok(r)
     }
+}
+
+/// The database part of deleting `ids` of `session`, inside `tx`: summaries derived from them
+/// dropped, records citing them marked, then the events, their index entries and redactions
+/// removed and the deletions logged. The caller commits, then clears the caches.
+fn delete_events_in(tx: &Transaction<'_>, session: &str, ids: &[i64]) -> Result<DeletionReport> {
+    let mut report = DeletionReport {
+        events: ids.to_vec(),
+        ..DeletionReport::default()
+    };
+    report.summaries_dropped = summary::delete_derived_from(tx, ids)?;
+    for r in state::on_branch_all(tx, session)? {
+        if r.sources.iter().any(|s| ids.contains(s)) {
+            tx.execute(
+                "UPDATE records SET source_deleted = 1 WHERE id = ?1",
+                [r.id],
+            )?;
+            report.records_marked.push(r.id);
+        }
+    }
+    for id in ids {
+        tx.execute("DELETE FROM evidence WHERE event_id = ?1", [id])?;
+        tx.execute("DELETE FROM redactions WHERE event_id = ?1", [id])?;
+        tx.execute("DELETE FROM events WHERE id = ?1", [id])?;
+        tx.execute(
+            "INSERT INTO deletions (event_id, session, time_ms) VALUES (?1, ?2, ?3)",
+            rusqlite::params![id, session, crate::db::now_ms()],
+        )?;
+    }
+    Ok(report)
 }

@@ -420,7 +420,7 @@ fn deleting_a_message_reaches_log_index_cache_and_summaries() {
         Scripted::new("judge"),
         CompactionConfig::default(),
     ));
-    ws.register_cache(judge.clone());
+    ws.register_cache(judge.clone()).unwrap();
     let s = ws.session("del").unwrap();
     s.append(
         &[NewEvent::user(
