@@ -76,7 +76,11 @@ fn dump(label: &str, m: Method, c: &Compaction) {
     );
 }
 
-fn run<B: speccompact_engine::Backend + 'static>(label: &str, c: &Compactor<B>, sessions: &[History]) {
+fn run<B: speccompact_engine::Backend + 'static>(
+    label: &str,
+    c: &Compactor<B>,
+    sessions: &[History],
+) {
     for (k, h) in sessions.iter().enumerate() {
         for m in Method::ALL {
             let label = format!("{label} session {k}");
@@ -97,26 +101,25 @@ fn run<B: speccompact_engine::Backend + 'static>(label: &str, c: &Compactor<B>, 
 fn main() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/evaldata/dev/smoke.jsonl");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let sessions = parse_sessions(&text).expect("smoke sessions");
 
-    let mut cfg = CompactionConfig::default();
-    cfg.slot_max_lines = 3;
-    let scripted_pair = Compactor::new(scripted("drafter"), scripted("target"), cfg.clone())
-        .expect("scripted compactor");
+    let cfg = CompactionConfig {
+        slot_max_lines: 3,
+        ..CompactionConfig::default()
+    };
+    let scripted_pair =
+        Compactor::new(scripted("drafter"), scripted("target"), cfg).expect("scripted compactor");
     run("scripted", &scripted_pair, &sessions);
 
     let dir = tempfile::tempdir().expect("temp dir");
     let tiny = |arch, seed| {
         speccompact_tests::tiny_backend_with_context(arch, seed, dir.path(), 256, Some(16384))
     };
-    cfg.eta = 0.5;
-    cfg.draft_tokens = 12;
-    cfg.repair_tokens = 8;
-    cfg.slot_max_lines = 2;
-    cfg.slot_max_tokens = 32;
-    cfg.summary_budget = 200;
+    // Small budgets: random weights rarely end a line.
+    let small = "eta = 0.5\ndraft_tokens = 12\nrepair_tokens = 8\nslot_max_lines = 2\n\
+                 slot_max_tokens = 32\nsummary_budget = 200\n";
+    let cfg = CompactionConfig::overlay(small, "smoke_outputs").expect("tiny settings");
     let tiny_pair = Compactor::new(
         tiny(Architecture::Llama, 3),
         tiny(Architecture::Qwen2, 5),

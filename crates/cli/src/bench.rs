@@ -2,7 +2,7 @@
 //! markdown table or the JSON report (`speccompact_eval::bench::BenchReport`), optionally
 //! with a re-compaction per session.
 
-use crate::files::{command_line, read_text, write_atomic};
+use crate::files::{headed, json_text, read_text, write_report};
 use crate::load::{compactor, counting_bar};
 use crate::settings::{trimmed, EngineArgs, MethodArg, RuntimeArgs};
 use anyhow::{Context, Result};
@@ -103,7 +103,7 @@ pub fn run(a: &Args, rt: &RuntimeArgs, store: &Store) -> Result<()> {
         data.display()
     );
     let text = match a.format {
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Json => json_text(&report)?,
         Format::Table if recompactions.is_empty() => header + &report.table(),
         Format::Table => format!(
             "{header}{}\nRe-compaction (speculative, session grown by its last messages):\n\n{}",
@@ -112,18 +112,9 @@ pub fn run(a: &Args, rt: &RuntimeArgs, store: &Store) -> Result<()> {
         ),
     };
     print!("{text}");
-    if let Some(p) = &a.out {
-        let text = match a.format {
-            Format::Table => format!(
-                "# Compaction benchmark\n\nCommand: `{}`\n\n{text}",
-                command_line()
-            ),
-            Format::Json => text,
-        };
-        write_atomic(p, &text)?;
-    }
-    if let Some(p) = &a.json {
-        write_atomic(p, &(serde_json::to_string_pretty(&report)? + "\n"))?;
-    }
-    Ok(())
+    let text = match a.format {
+        Format::Table => headed("Compaction benchmark", &text),
+        Format::Json => text,
+    };
+    write_report(a.out.as_deref(), &text, a.json.as_deref(), &report)
 }

@@ -3,9 +3,11 @@
 //! sessions, optionally drift over recursive generations; writes the markdown and JSON
 //! report (`speccompact_eval::Report`) with its provenance, and the plots.
 
-use crate::files::{command_line, read_text, revision, write_atomic};
+use crate::files::{command_line, read_text, revision, write_atomic, write_report};
 use crate::load::{compactor, counting_bar};
-use crate::settings::{tail_budget, trimmed, EngineArgs, EvalMethodArg, MethodArg, RuntimeArgs};
+use crate::settings::{
+    file_or_default, tail_budget, trimmed, EngineArgs, EvalMethodArg, MethodArg, RuntimeArgs,
+};
 use anyhow::{bail, Result};
 use speccompact_engine::Compactor;
 use speccompact_eval::{self as ev, EvalMethod, TailBudget};
@@ -100,10 +102,10 @@ impl Args {
 /// Runs `eval`.
 pub fn run(a: &Args, rt: &RuntimeArgs, store: &Store) -> Result<()> {
     let methods: Vec<EvalMethod> = dedup(a.methods.iter().map(|&m| m.into()));
-    let prompts = match &a.eval_config {
-        Some(p) => ev::EvalPrompts::overlay(&read_text(p)?, &p.display().to_string())?,
-        None => ev::EvalPrompts::default(),
-    };
+    let prompts = file_or_default(a.eval_config.as_deref(), |p| {
+        let text = read_text(p)?;
+        anyhow::Ok(ev::EvalPrompts::overlay(&text, &p.display().to_string())?)
+    })?;
     let selection = a.selection()?;
     let data = &a.data;
     let sessions = selection
@@ -169,7 +171,7 @@ pub fn run(a: &Args, rt: &RuntimeArgs, store: &Store) -> Result<()> {
         prompts.bootstrap_iterations,
         prompts.seed,
     );
-    write_report(a, &report)
+    print_and_write(a, &report)
 }
 
 /// Methods in the order given, each once (as `EvalMethod::parse_list` gave them).
@@ -208,15 +210,10 @@ fn drift(a: &Args, c: &Compactor, sessions: &[ev::EvalSession]) -> Result<Vec<ev
 }
 
 /// Prints the markdown report and writes it, the JSON report and the plots where asked.
-fn write_report(a: &Args, report: &ev::Report) -> Result<()> {
+fn print_and_write(a: &Args, report: &ev::Report) -> Result<()> {
     let md = report.markdown();
     print!("{md}");
-    if let Some(p) = &a.out {
-        write_atomic(p, &md)?;
-    }
-    if let Some(p) = &a.json {
-        write_atomic(p, &(serde_json::to_string_pretty(report)? + "\n"))?;
-    }
+    write_report(a.out.as_deref(), &md, a.json.as_deref(), report)?;
     let prefix = a
         .plots
         .clone()

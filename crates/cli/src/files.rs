@@ -1,7 +1,9 @@
 //! Files in and out: reading a history (file or stdin, one session picked from a JSONL
-//! file), writing reports atomically, and the source revision recorded in them.
+//! file), writing reports atomically (markdown and JSON, headed by the command line where
+//! asked), and the source revision recorded in them.
 
 use anyhow::{bail, Context, Result};
+use serde::Serialize;
 use speccompact_history::{parse_sessions, History};
 use std::path::Path;
 
@@ -61,6 +63,33 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     )?;
     tmp.persist(path)
         .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Pretty JSON with a final newline, as the JSON reports are printed and written.
+pub fn json_text(value: &impl Serialize) -> Result<String> {
+    Ok(serde_json::to_string_pretty(value)? + "\n")
+}
+
+/// `text` under the heading `title` and the command line that made it.
+pub fn headed(title: &str, text: &str) -> String {
+    format!("# {title}\n\nCommand: `{}`\n\n{text}", command_line())
+}
+
+/// Writes a report where its flags ask: `text` to `out`, and `value` as JSON
+/// ([`json_text`]) to `json`; each atomically.
+pub fn write_report(
+    out: Option<&Path>,
+    text: &str,
+    json: Option<&Path>,
+    value: &impl Serialize,
+) -> Result<()> {
+    if let Some(p) = out {
+        write_atomic(p, text)?;
+    }
+    if let Some(p) = json {
+        write_atomic(p, &json_text(value)?)?;
+    }
     Ok(())
 }
 

@@ -122,9 +122,9 @@ mod tests {
     #[test]
     fn token_counter_counts_with_the_models_tokenizer() {
         let dir = tempfile::tempdir().unwrap();
+        let store = Store::with_manifests(dir.path().join("home"), Vec::new()).unwrap();
         let path = dir.path().join("tiny.gguf");
         TinyModel::new(Architecture::Qwen2).write(&path).unwrap();
-        let store = Store::with_manifests(dir.path().join("home"), Vec::new()).unwrap();
         let count = token_counter(&store, &path.display().to_string()).unwrap();
         let m = Model::load(&path, &parse_device("cpu").unwrap(), LoadOptions::default()).unwrap();
         for text in [

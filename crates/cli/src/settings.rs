@@ -12,7 +12,7 @@ use speccompact_eval::EvalMethod;
 use speccompact_runtime::{set_threads, RuntimeSettings};
 use std::ffi::OsStr;
 use std::marker::PhantomData;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The global flags: runtime settings for every command that runs a model.
 #[derive(clap::Args)]
@@ -32,10 +32,7 @@ impl RuntimeArgs {
     /// Runtime settings from `--runtime-config`, with `--threads` / `--device` applied and
     /// the thread pool set.
     pub fn settings(&self) -> Result<RuntimeSettings> {
-        let mut settings = match &self.runtime_config {
-            Some(p) => RuntimeSettings::load(p)?,
-            None => RuntimeSettings::default(),
-        };
+        let mut settings = file_or_default(self.runtime_config.as_deref(), RuntimeSettings::load)?;
         if let Some(t) = self.threads {
             settings.threads = t;
         }
@@ -45,6 +42,20 @@ impl RuntimeArgs {
         set_threads(settings.threads)?;
         Ok(settings)
     }
+}
+
+/// The settings `load` reads from `file` when one is given, else `T`'s built-in defaults.
+pub fn file_or_default<T: Default, E>(
+    file: Option<&Path>,
+    load: impl FnOnce(&Path) -> Result<T, E>,
+) -> Result<T>
+where
+    anyhow::Error: From<E>,
+{
+    Ok(match file {
+        Some(p) => load(p)?,
+        None => T::default(),
+    })
 }
 
 /// Model and settings choices shared by `compact` and `bench`.
@@ -77,10 +88,7 @@ impl EngineArgs {
     /// The compaction settings: the file (else the built-in defaults), the flags over it,
     /// validated.
     pub fn config(&self) -> Result<CompactionConfig> {
-        let mut cfg = match &self.config {
-            Some(p) => CompactionConfig::load(p)?,
-            None => CompactionConfig::default(),
-        };
+        let mut cfg = file_or_default(self.config.as_deref(), CompactionConfig::load)?;
         if let Some(d) = &self.drafter {
             cfg.drafter = d.clone();
         }

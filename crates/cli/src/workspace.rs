@@ -5,7 +5,7 @@
 
 use crate::files::read_history;
 use crate::load::{compactor, token_counter};
-use crate::settings::{EngineArgs, RuntimeArgs};
+use crate::settings::{file_or_default, EngineArgs, RuntimeArgs};
 use anyhow::Result;
 use speccompact_engine::{CompactionConfig, Method};
 use speccompact_store::Store;
@@ -28,10 +28,7 @@ pub struct WorkspaceArgs {
 
 impl WorkspaceArgs {
     fn open(&self) -> Result<Workspace> {
-        let cfg = match &self.workspace_config {
-            Some(p) => WorkspaceConfig::load(p)?,
-            None => WorkspaceConfig::default(),
-        };
+        let cfg = file_or_default(self.workspace_config.as_deref(), WorkspaceConfig::load)?;
         Ok(Workspace::open(&self.workspace, cfg)?)
     }
 }

@@ -51,7 +51,27 @@ impl Sandbox {
             .output()
             .expect("run speccompact")
     }
+
+    /// Runs the binary on each case's arguments and asserts the case's exit status and that
+    /// stderr holds every one of its needles.
+    #[track_caller]
+    fn refuses(&self, cases: &[Refusal]) {
+        for &(args, code, needles) in cases {
+            let o = self.run(args);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(code), "{args:?}, stderr:\n{err}");
+            for n in needles {
+                assert!(
+                    err.contains(n),
+                    "{args:?}: `{n}` missing from stderr:\n{err}"
+                );
+            }
+        }
+    }
 }
+
+/// A refused command line: its arguments, the exit status and what stderr must hold.
+type Refusal<'a> = (&'a [&'a str], i32, &'a [&'a str]);
 
 fn sample() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -64,191 +84,155 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Asserts the exit status and that stderr holds every one of `needles`.
-#[track_caller]
-fn fails(o: &Output, code: i32, needles: &[&str]) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "stderr:\n{err}");
-    for n in needles {
-        assert!(err.contains(n), "`{n}` missing from stderr:\n{err}");
-    }
-}
-
 /// Small budgets for tiny models (random weights rarely end a generation on their own).
 const FAST: &str = "eta = 0.5\ndraft_tokens = 12\nrepair_tokens = 8\nline_grace = 8\n\
                     slot_max_lines = 2\nslot_max_tokens = 32\nsummary_budget = 400\n";
 
+/// Flag values clap refuses (exit status 2), naming the flag and, for the value enums, the
+/// possible values.
 #[test]
-fn missing_history_file_is_named() {
+fn bad_flag_values_are_refused_with_the_possible_values() {
+    let sample = sample();
+    Sandbox::new().refuses(&[
+        (
+            &["compact", &sample, "--method", "fastest"],
+            2,
+            &[
+                "invalid value 'fastest' for '--method <METHOD>'",
+                "speculative, sequential, target-self, drafter-only",
+            ],
+        ),
+        (
+            &[
+                "bench",
+                "--data",
+                "x.jsonl",
+                "--methods",
+                "speculative,fast",
+            ],
+            2,
+            &["invalid value 'fast' for '--methods <METHODS>'"],
+        ),
+        (
+            &["eval", "--data", "x.jsonl", "--methods", "full,everything"],
+            2,
+            &[
+                "invalid value 'everything' for '--methods <METHODS>'",
+                "truncate-tail, full",
+            ],
+        ),
+        (
+            &["compact", &sample, "--overflow", "sideways"],
+            2,
+            &[
+                "invalid value 'sideways' for '--overflow <OVERFLOW>'",
+                "stages, error, middle-cut",
+            ],
+        ),
+        (
+            &["compact", &sample, "--format", "table"],
+            2,
+            &["invalid value 'table' for '--format <FORMAT>'", "md, json"],
+        ),
+        (
+            &["bench", "--data", "x.jsonl", "--format", "md"],
+            2,
+            &["invalid value 'md' for '--format <FORMAT>'", "table, json"],
+        ),
+        (
+            &["compact", &sample, "--verify", "strict"],
+            2,
+            &["invalid value 'strict' for '--verify <VERIFY>'"],
+        ),
+        (
+            &["eval", "--data", "x.jsonl", "--tail-budget", "0"],
+            2,
+            &[
+                "'--tail-budget <TAIL_BUDGET>'",
+                "neither `matched` nor a positive token count",
+            ],
+        ),
+    ]);
+}
+
+/// Inputs that parse but cannot be used (exit status 1): missing and malformed files, an
+/// unknown model, a corrupt model file, bad settings; each named in the message.
+#[test]
+fn bad_inputs_are_named() {
     let s = Sandbox::new();
+    let sample = sample();
     let missing = s.path("missing.json").display().to_string();
-    let o = s.run(&["compact", &missing]);
-    fails(&o, 1, &[&format!("reading {missing}"), "No such file"]);
-}
-
-#[test]
-fn malformed_json_history_is_a_parse_error() {
-    let s = Sandbox::new();
-    let bad = s.file("bad.json", "{\"messages\": [{\"role\": \"user\", ");
-    let o = s.run(&["compact", &bad]);
-    fails(&o, 1, &[&format!("parsing {bad}"), "not JSON"]);
-}
-
-#[test]
-fn unknown_method_is_refused_with_the_possible_values() {
-    let s = Sandbox::new();
-    let o = s.run(&["compact", &sample(), "--method", "fastest"]);
-    fails(
-        &o,
-        2,
-        &[
-            "invalid value 'fastest' for '--method <METHOD>'",
-            "speculative, sequential, target-self, drafter-only",
-        ],
-    );
-}
-
-#[test]
-fn unknown_method_in_a_list_is_refused() {
-    let s = Sandbox::new();
-    let o = s.run(&[
-        "bench",
-        "--data",
-        "x.jsonl",
-        "--methods",
-        "speculative,fast",
-    ]);
-    fails(&o, 2, &["invalid value 'fast' for '--methods <METHODS>'"]);
-    let o = s.run(&["eval", "--data", "x.jsonl", "--methods", "full,everything"]);
-    fails(
-        &o,
-        2,
-        &[
-            "invalid value 'everything' for '--methods <METHODS>'",
-            "truncate-tail, full",
-        ],
-    );
-}
-
-#[test]
-fn method_lists_allow_spaces_after_commas() {
-    // The list parses; the run then stops at the missing data file.
-    let s = Sandbox::new();
-    let o = s.run(&[
-        "bench",
-        "--data",
-        "missing.jsonl",
-        "--methods",
-        "speculative, sequential",
-    ]);
-    fails(&o, 1, &["reading missing.jsonl"]);
-}
-
-#[test]
-fn bad_overflow_value_is_refused() {
-    let s = Sandbox::new();
-    let o = s.run(&["compact", &sample(), "--overflow", "sideways"]);
-    fails(
-        &o,
-        2,
-        &[
-            "invalid value 'sideways' for '--overflow <OVERFLOW>'",
-            "stages, error, middle-cut",
-        ],
-    );
-}
-
-#[test]
-fn bad_format_and_verify_values_are_refused() {
-    let s = Sandbox::new();
-    let o = s.run(&["compact", &sample(), "--format", "table"]);
-    fails(
-        &o,
-        2,
-        &["invalid value 'table' for '--format <FORMAT>'", "md, json"],
-    );
-    let o = s.run(&["bench", "--data", "x.jsonl", "--format", "md"]);
-    fails(
-        &o,
-        2,
-        &["invalid value 'md' for '--format <FORMAT>'", "table, json"],
-    );
-    let o = s.run(&["compact", &sample(), "--verify", "strict"]);
-    fails(&o, 2, &["invalid value 'strict' for '--verify <VERIFY>'"]);
-}
-
-#[test]
-fn bad_tail_budget_is_refused() {
-    let s = Sandbox::new();
-    let o = s.run(&["eval", "--data", "x.jsonl", "--tail-budget", "0"]);
-    fails(
-        &o,
-        2,
-        &[
-            "'--tail-budget <TAIL_BUDGET>'",
-            "neither `matched` nor a positive token count",
-        ],
-    );
-}
-
-#[test]
-fn unknown_model_name_lists_the_known_models() {
-    let s = Sandbox::new();
-    let o = s.run(&["compact", &sample(), "--target", "no-such-model"]);
-    fails(
-        &o,
-        1,
-        &[
-            "unknown model `no-such-model`",
-            "known models:",
-            "qwen2.5-coder-0.5b-instruct",
-        ],
-    );
-}
-
-#[test]
-fn corrupt_gguf_target_is_named() {
-    let s = Sandbox::new();
+    let bad_json = s.file("bad.json", "{\"messages\": [{\"role\": \"user\", ");
     let drafter = s.tiny(Architecture::Llama, 3, 4096);
-    let bad = s.file("broken.gguf", "GGUF but not really a model file");
-    let o = s.run(&[
-        "compact",
-        &sample(),
-        "--drafter",
-        &drafter,
-        "--target",
-        &bad,
+    let broken = s.file("broken.gguf", "GGUF but not really a model file");
+    let unknown_key = s.file("bad.toml", "eta = 0.6\nspeed = \"fast\"\n");
+    let eta = s.file("eta.toml", "eta = 1.5\n");
+    let budget = s.file("budget.toml", "summary_budget = 0\n");
+    s.refuses(&[
+        (
+            &["compact", &missing],
+            1,
+            &[&format!("reading {missing}"), "No such file"],
+        ),
+        (
+            &["compact", &bad_json],
+            1,
+            &[&format!("parsing {bad_json}"), "not JSON"],
+        ),
+        // The list parses (spaces after the commas); the run then stops at the missing file.
+        (
+            &[
+                "bench",
+                "--data",
+                "missing.jsonl",
+                "--methods",
+                "speculative, sequential",
+            ],
+            1,
+            &["reading missing.jsonl"],
+        ),
+        (
+            &["compact", &sample, "--target", "no-such-model"],
+            1,
+            &[
+                "unknown model `no-such-model`",
+                "known models:",
+                "qwen2.5-coder-0.5b-instruct",
+            ],
+        ),
+        (
+            &[
+                "compact",
+                &sample,
+                "--drafter",
+                &drafter,
+                "--target",
+                &broken,
+            ],
+            1,
+            &[&format!("{broken} is not a valid GGUF file")],
+        ),
+        (
+            &["compact", &sample, "--config", &unknown_key],
+            1,
+            &[&format!("config {unknown_key}"), "unknown field `speed`"],
+        ),
+        (
+            &["compact", &sample, "--config", &eta],
+            1,
+            &[&format!("config {eta}"), "eta must be in (0, 1], not 1.5"],
+        ),
+        (
+            &["compact", &sample, "--config", &budget],
+            1,
+            &["summary_budget must be at least 1"],
+        ),
+        (
+            &["compact", &sample, "--eta", "0"],
+            1,
+            &["config command line: eta must be in (0, 1], not 0"],
+        ),
     ]);
-    fails(&o, 1, &[&format!("{bad} is not a valid GGUF file")]);
-}
-
-#[test]
-fn settings_file_with_an_unknown_key_is_refused() {
-    let s = Sandbox::new();
-    let cfg = s.file("bad.toml", "eta = 0.6\nspeed = \"fast\"\n");
-    let o = s.run(&["compact", &sample(), "--config", &cfg]);
-    fails(&o, 1, &[&format!("config {cfg}"), "unknown field `speed`"]);
-}
-
-#[test]
-fn settings_out_of_range_are_refused() {
-    let s = Sandbox::new();
-    let cfg = s.file("eta.toml", "eta = 1.5\n");
-    let o = s.run(&["compact", &sample(), "--config", &cfg]);
-    fails(
-        &o,
-        1,
-        &[&format!("config {cfg}"), "eta must be in (0, 1], not 1.5"],
-    );
-    let cfg = s.file("budget.toml", "summary_budget = 0\n");
-    let o = s.run(&["compact", &sample(), "--config", &cfg]);
-    fails(&o, 1, &["summary_budget must be at least 1"]);
-    let o = s.run(&["compact", &sample(), "--eta", "0"]);
-    fails(
-        &o,
-        1,
-        &["config command line: eta must be in (0, 1], not 0"],
-    );
 }
 
 #[test]
@@ -256,27 +240,27 @@ fn history_over_a_tiny_context_fails_with_overflow_error() {
     let s = Sandbox::new();
     let drafter = s.tiny(Architecture::Llama, 3, 256);
     let target = s.tiny(Architecture::Qwen2, 5, 256);
-    let o = s.run(&[
-        "--threads",
-        "1",
-        "compact",
-        &sample(),
-        "--drafter",
-        &drafter,
-        "--target",
-        &target,
-        "--overflow",
-        "error",
-    ]);
-    fails(
-        &o,
+    let sample = sample();
+    s.refuses(&[(
+        &[
+            "--threads",
+            "1",
+            "compact",
+            &sample,
+            "--drafter",
+            &drafter,
+            "--target",
+            &target,
+            "--overflow",
+            "error",
+        ],
         1,
         &[
             "the history is",
             "whose context of 256 tokens",
             "--overflow stages",
         ],
-    );
+    )]);
 }
 
 #[test]
@@ -291,17 +275,21 @@ fn workspace_commands_refuse_unknown_sessions_and_full_windows() {
         "stdout:\n{out}"
     );
     // Both fail before the target's tokenizer would be fetched (the store here is empty).
-    let o = s.run(&["assemble", "nobody", "--workspace", &ws]);
-    fails(&o, 1, &["nobody"]);
-    let o = s.run(&[
-        "assemble",
-        "sample-flaky-upload",
-        "--window",
-        "2000",
-        "--workspace",
-        &ws,
+    s.refuses(&[
+        (&["assemble", "nobody", "--workspace", &ws], 1, &["nobody"]),
+        (
+            &[
+                "assemble",
+                "sample-flaky-upload",
+                "--window",
+                "2000",
+                "--workspace",
+                &ws,
+            ],
+            1,
+            &["2500", "leave nothing of the 2000-token window"],
+        ),
     ]);
-    fails(&o, 1, &["2500", "leave nothing of the 2000-token window"]);
 }
 
 #[test]
@@ -329,17 +317,8 @@ fn compact_sample_session_with_tiny_models_gives_six_slots_and_a_trace() {
     assert_eq!(v["method"], "speculative");
     let slots = v["slots"].as_array().expect("slots");
     let names: Vec<&str> = slots.iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(
-        names,
-        [
-            "goal",
-            "constraints_preferences",
-            "progress",
-            "key_decisions",
-            "next_steps",
-            "critical_context"
-        ]
-    );
+    let six = "goal constraints_preferences progress key_decisions next_steps critical_context";
+    assert_eq!(names, six.split(' ').collect::<Vec<_>>());
     let trace = v["trace"].as_object().expect("trace");
     assert!(trace["wall_ms"].as_f64().unwrap() > 0.0, "{trace:?}");
     assert!(trace["drafter_calls"].as_u64().unwrap() > 0, "{trace:?}");

@@ -3,45 +3,31 @@
 
 use speccompact_engine::scripted::Scripted;
 use speccompact_engine::{CompactionConfig, Compactor, Method};
-use speccompact_history::{parse_value, History};
+use speccompact_history::parse_value;
 use std::sync::Arc;
-
-fn history() -> History {
-    parse_value(&serde_json::json!([
-        {"role": "user", "content": "Fix the failing test in src/parser.rs; never touch main."},
-        {"role": "assistant", "content": "Running cargo test."},
-        {"role": "tool", "name": "bash", "content": "exit 1: test parse_header failed"}
-    ]))
-    .unwrap()
-}
-
-fn config(eta: f32) -> CompactionConfig {
-    let mut c = CompactionConfig::default();
-    c.eta = eta;
-    c
-}
-
-/// The lines accepted so far in the first slot's request.
-fn accepted_in(prompt: &str) -> Vec<String> {
-    let body = prompt.split_once("## Goal\n").map_or("", |(_, b)| b);
-    body.lines().map(str::to_string).collect()
-}
-
-fn yes(p: f32) -> Vec<(String, f32)> {
-    vec![("Yes".into(), p), ("No".into(), 1.0 - p)]
-}
 
 #[test]
 fn bench_interleaves_methods_and_relates_them_to_sequential() {
-    let d = Scripted::new("d").with_generate(|s, p| match accepted_in(p).len() {
-        0 if s == 0 => "- x\n".into(),
-        _ => String::new(),
+    // The drafter writes one line, for the first slot only, at its start.
+    let d = Scripted::new("d").with_generate(|s, p| {
+        if s == 0 && p.ends_with("## Goal\n") {
+            "- x\n".into()
+        } else {
+            String::new()
+        }
     });
     let t = Scripted::new("t")
-        .with_judge(|_, _| yes(0.9))
+        .with_judge(|_, _| vec![("Yes".into(), 0.9), ("No".into(), 0.1)])
         .with_generate(|_, _| "## Goal\n- y\n".into());
-    let c = Compactor::new(Arc::new(d), Arc::new(t), config(0.7)).unwrap();
-    let sessions = vec![history(), history()];
+    let cfg = CompactionConfig {
+        eta: 0.7,
+        ..CompactionConfig::default()
+    };
+    let c = Compactor::new(Arc::new(d), Arc::new(t), cfg).unwrap();
+    let session =
+        parse_value(&serde_json::json!([{"role": "user", "content": "Fix src/parser.rs."}]))
+            .unwrap();
+    let sessions = vec![session.clone(), session];
     let mut order = Vec::new();
     let rep = speccompact_eval::bench::run(
         &c,
