@@ -27,8 +27,7 @@ pub mod line_rule;
 mod line_set;
 
 pub use line_set::{
-    facts, flip_outcome, line_set, negate, summary_lines, swap_fact, Labelled, LineKind,
-    SessionSource,
+    flip_outcome, line_set, negate, summary_lines, swap_fact, Labelled, LineKind, SessionSource,
 };
 
 // ------------------------------------------------------------------------------------------
@@ -214,6 +213,7 @@ pub fn choose_eta(pos: &[f32], neg: &[f32]) -> (Rates, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use speccompact_history::facts;
 
     fn sessions() -> Vec<SessionSource> {
         vec![

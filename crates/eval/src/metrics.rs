@@ -119,7 +119,7 @@ pub fn assertions(summary: &str) -> Vec<String> {
         }
     };
     for line in summary.lines().filter(|l| !l.trim_start().starts_with('#')) {
-        for f in crate::calibrate::facts(line) {
+        for f in speccompact_history::facts(line) {
             push(f);
         }
         for w in line.split(|c: char| c.is_whitespace() || "()[]{},;\"'`".contains(c)) {

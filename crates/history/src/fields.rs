@@ -1,5 +1,5 @@
 //! Lossless extraction of high-risk fields from a text: exit codes, test results, file paths,
-//! patch coordinates, error lines and identifiers. Every extracted string is a verbatim slice
+//! patch coordinates, error lines and identifiers, and the checkable facts of a text. Every extracted string is a verbatim slice
 //! of the text (checked by pattern before it is kept). Pure functions of the text, used by the
 //! workspace's event log and by the slot ranking in [`crate::view`].
 
@@ -175,9 +175,44 @@ pub fn exit_code_of(explicit: Option<i32>, fields: &Fields) -> Option<i32> {
     explicit.or_else(|| fields.exit_codes.first().copied())
 }
 
+fn is_fact(w: &str) -> bool {
+    w.len() >= 2
+        && (w.chars().any(|c| c.is_ascii_digit())
+            || w.contains('_')
+            || (w.contains('/') && w.chars().any(|c| c.is_alphabetic()))
+            || (w.len() >= 4
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())))
+}
+
+/// The checkable facts of a text: identifiers, numbers and paths, each once, as they
+/// appear. The one rule by which a summary is held to its sources (unsourced assertions,
+/// drift between summaries, the verifier's line set).
+pub fn facts(text: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for w in text.split(|c: char| c.is_whitespace() || ",;:()[]{}\"'`<>=".contains(c)) {
+        let w = w.trim_end_matches(['.', '!', '?']);
+        if is_fact(w) && !out.contains(&w) {
+            out.push(w);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn facts_are_identifiers_numbers_and_paths_each_once() {
+        let t = "Reservation MDCLVA (user emma_kim_9957) moved to 2024-05-17; see src/lib.rs, \
+                 not a/b or / alone. MDCLVA again: exit=137, code 7 and OK.";
+        assert_eq!(
+            facts(t),
+            ["MDCLVA", "emma_kim_9957", "2024-05-17", "src/lib.rs", "a/b", "137"]
+        );
+        assert!(facts("plain words only, nothing to check").is_empty());
+    }
 
     #[test]
     fn fields_are_verbatim_slices() {

@@ -13,7 +13,7 @@ mod parse;
 mod render;
 mod view;
 
-pub use fields::{exit_code_of, extract_fields, Fields, PatchCoord};
+pub use fields::{exit_code_of, extract_fields, facts, Fields, PatchCoord};
 pub use parse::{parse_history, parse_sessions, parse_value};
 pub use render::{render, render_kept, RenderOptions};
 pub use view::{rank, slot_view, View, ViewOptions};

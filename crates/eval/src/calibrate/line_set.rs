@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 use speccompact_engine::{sections, CompactionConfig};
+use speccompact_history::facts;
 
 /// Where a labelled line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -79,28 +80,6 @@ pub struct SessionSource {
     pub summary: Vec<(String, String)>,
     /// Probe strings (identifier/file probes) with their slot.
     pub probes: Vec<(String, String)>,
-}
-
-fn is_fact(w: &str) -> bool {
-    w.len() >= 2
-        && (w.chars().any(|c| c.is_ascii_digit())
-            || w.contains('_')
-            || (w.contains('/') && w.chars().any(|c| c.is_alphabetic()))
-            || (w.len() >= 4
-                && w.chars()
-                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())))
-}
-
-/// The facts of a text: identifiers, numbers and paths, as they appear.
-pub fn facts(text: &str) -> Vec<&str> {
-    let mut out: Vec<&str> = Vec::new();
-    for w in text.split(|c: char| c.is_whitespace() || ",;:()[]{}\"'`<>=".contains(c)) {
-        let w = w.trim_end_matches(['.', '!', '?']);
-        if is_fact(w) && !out.contains(&w) {
-            out.push(w);
-        }
-    }
-    out
 }
 
 fn fnv(s: &str) -> u64 {
