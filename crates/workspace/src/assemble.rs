@@ -8,10 +8,11 @@ use crate::budget::Plan;
 use crate::event::{id_ranges, Event};
 use crate::guard::Flag;
 use crate::state::{render as render_record, Record, RecordType};
-use crate::summary::{sections, Summary};
+use crate::summary::Summary;
 use crate::{Error, Result};
 use regex::Regex;
 use serde::Serialize;
+use speccompact_engine::sections;
 use std::sync::OnceLock;
 
 /// What the context is for: it orders the summary and steers the evidence query.

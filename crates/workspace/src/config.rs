@@ -1,7 +1,9 @@
 //! Workspace settings as written in `configs/workspace.toml`: routing rules, extraction
 //! patterns, redaction patterns, budget weights, drift control and triggers. Patterns are
-//! compiled once, here; a bad pattern is an error naming its key.
+//! compiled once, here; a bad pattern is an error naming its key, an unknown route class a
+//! deserialize error naming the class and its key.
 
+use crate::event_class::EventClass;
 use crate::{Error, Result};
 use regex::Regex;
 use serde::Deserialize;
@@ -14,8 +16,8 @@ pub const DEFAULT_CONFIG: &str = include_str!("../configs/workspace.toml");
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteRule {
-    /// Class given to matching events.
-    pub class: String,
+    /// Class given to matching events (an unknown name fails to deserialize).
+    pub class: EventClass,
     /// Roles it applies to (`system`, `user`, `assistant`, `tool`); empty: any.
     #[serde(default)]
     pub roles: Vec<String>,
@@ -186,16 +188,6 @@ impl WorkspaceConfig {
         };
         let mut rules = Vec::new();
         for (i, r) in self.route.rules.iter().enumerate() {
-            if crate::route::EventClass::parse(&r.class).is_none() {
-                return Err(config_err(
-                    origin,
-                    format!(
-                        "route.rules[{i}].class: unknown class `{}` (known: {})",
-                        r.class,
-                        crate::route::EventClass::ALL.map(|c| c.as_str()).join(", ")
-                    ),
-                ));
-            }
             rules.push(CompiledRule {
                 rule: r.clone(),
                 tools: r
@@ -316,5 +308,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("watermark"), "{e}");
+        // An unknown class is a deserialize error naming the value and the key.
+        let e = WorkspaceConfig::overlay(
+            "[route]\nobservation = 'x'\n[[route.rules]]\nclass = 'gossip'",
+            "f.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("f.toml") && e.contains("gossip") && e.contains("class"),
+            "{e}"
+        );
     }
 }

@@ -4,8 +4,9 @@
 //! anchor everything else cites.
 
 use crate::config::Patterns;
+use crate::event_class::EventClass;
 use crate::redact::{redact, Redaction};
-use crate::route::{classify, exit_code_of, extract_fields, writer_of, EventClass, Fields, Writer};
+use crate::route::{classify, exit_code_of, extract_fields, writer_of, Fields, Writer};
 use crate::{Error, Result};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;

@@ -8,11 +8,12 @@
 //! three within a budget and lists what it did not load.
 //!
 //! One module per concern: `db` (SQLite schema and migrations), `config` (settings and
-//! patterns), `redact` (secrets and personal data), `route` (classes, writers, high-risk
-//! fields), `event` (the log), `extract` (state candidates), `state` (records and write
-//! rules), `evidence` (BM25 index), `summary` (the summary channel and drift reports), `guard`
-//! (summary checks against state), `budget`, `assemble`, `triggers`, `branch`, `models`
-//! (summarizer and judge seams) and `workspace` (the API).
+//! patterns), `redact` (secrets and personal data), `event_class` (the classes routing
+//! gives), `route` (classification, writers, high-risk fields), `event` (the log), `extract`
+//! (state candidates), `state` (records, their queries and write rules), `evidence` (BM25
+//! index), `summary` (the summary channel and drift reports), `guard` (summary checks against
+//! state), `budget`, `assemble`, `triggers`, `branch`, `models` (summarizer and judge seams)
+//! and `workspace` (the API: the workspace, its sessions, compaction and deletion).
 
 pub mod assemble;
 pub mod branch;
@@ -21,6 +22,7 @@ pub mod config;
 pub mod db;
 mod error;
 pub mod event;
+pub mod event_class;
 pub mod evidence;
 pub mod extract;
 pub mod guard;
@@ -38,9 +40,10 @@ pub use budget::{BudgetSpec, Plan};
 pub use config::WorkspaceConfig;
 pub use error::{Error, Result};
 pub use event::{Event, NewEvent};
+pub use event_class::EventClass;
 pub use guard::{Flag, FlagKind};
 pub use models::{CandidateJudge, EngineSummarizer, EventCache, ModelJudge, Summarizer};
-pub use route::{EventClass, Writer};
+pub use route::Writer;
 pub use state::{Detail, Draft, Record, RecordType, Status, WriteOutcome};
 pub use summary::{Divergence, Summary, SummaryKind};
 pub use triggers::Trigger;

@@ -1,54 +1,15 @@
 //! Routing by type: each event's class (code change, tool call, discussion, long document,
-//! chit-chat) from the configured rules, who wrote it (a user message that carries command
+//! chit-chat; [`EventClass`], defined in `event_class` and re-exported here) from the
+//! configured rules, who wrote it (a user message that carries command
 //! output is a tool observation), and the lossless extraction of high-risk fields (exit codes,
 //! test results, file paths, patch coordinates, error messages and identifiers), which lives in
 //! `speccompact_history::fields` and is re-exported here.
 
 use crate::config::Patterns;
+pub use crate::event_class::EventClass;
 use serde::{Deserialize, Serialize};
 use speccompact_history::Role;
 pub use speccompact_history::{exit_code_of, extract_fields, Fields, PatchCoord};
-
-/// An event's class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventClass {
-    /// A diff or an editing tool.
-    CodeChange,
-    /// A tool call or a tool result.
-    ToolCall,
-    /// Ordinary conversation.
-    Discussion,
-    /// A long text.
-    LongDocument,
-    /// Greetings and acknowledgements.
-    ChitChat,
-}
-
-impl EventClass {
-    /// Every class.
-    pub const ALL: [EventClass; 5] = [
-        Self::CodeChange,
-        Self::ToolCall,
-        Self::Discussion,
-        Self::LongDocument,
-        Self::ChitChat,
-    ];
-    /// The class's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::CodeChange => "code_change",
-            Self::ToolCall => "tool_call",
-            Self::Discussion => "discussion",
-            Self::LongDocument => "long_document",
-            Self::ChitChat => "chit_chat",
-        }
-    }
-    /// Parses a class name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
 
 /// Who wrote an event, as far as state write rules are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -124,9 +85,7 @@ pub fn classify(
         let max_ok = w.max_chars.is_none_or(|m| chars <= m);
         let exit_ok = w.exit_code.is_none_or(|want| want == exit_code.is_some());
         if role_ok && tool_ok && content_ok && min_ok && max_ok && exit_ok {
-            if let Some(c) = EventClass::parse(&w.class) {
-                return c;
-            }
+            return w.class;
         }
     }
     EventClass::Discussion

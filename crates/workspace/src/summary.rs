@@ -7,6 +7,7 @@ use crate::guard::Flag;
 use crate::{Error, Result};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
+use speccompact_history::facts;
 
 /// Why a summary was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,39 +248,6 @@ pub(crate) fn delete_derived_from(conn: &Connection, events: &[i64]) -> Result<V
     Ok(ids)
 }
 
-/// Splits a markdown summary into `## ` sections: (title, lines including the heading).
-pub fn sections(text: &str) -> Vec<(String, Vec<String>)> {
-    let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for line in text.lines() {
-        if let Some(t) = line.strip_prefix("## ") {
-            out.push((t.trim().to_string(), vec![line.to_string()]));
-        } else if let Some(last) = out.last_mut() {
-            last.1.push(line.to_string());
-        } else {
-            out.push((String::new(), vec![line.to_string()]));
-        }
-    }
-    out
-}
-
-/// Words that carry facts (identifiers, paths, numbers): the basis of divergence reports.
-pub fn fact_tokens(text: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for w in text.split(|c: char| c.is_whitespace() || ",;:()[]{}\"'`".contains(c)) {
-        let w = w.trim_end_matches(['.', '!', '?']);
-        let facty = w.chars().any(|c| c.is_ascii_digit())
-            || w.contains('_')
-            || w.contains('/')
-            || (w.len() >= 4
-                && w.chars()
-                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit()));
-        if facty && w.len() >= 2 && !out.iter().any(|x| x == w) {
-            out.push(w.to_string());
-        }
-    }
-    out
-}
-
 /// Where a recursive summary and one rebuilt from the log differ.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Divergence {
@@ -297,8 +265,8 @@ pub struct Divergence {
 
 /// Compares the facts of two summaries.
 pub fn diverge(generation: i64, recursive: &Summary, rebuilt: &Summary) -> Divergence {
-    let a = fact_tokens(&recursive.text);
-    let b = fact_tokens(&rebuilt.text);
+    let owned = |t: &str| -> Vec<String> { facts(t).into_iter().map(str::to_string).collect() };
+    let (a, b) = (owned(&recursive.text), owned(&rebuilt.text));
     Divergence {
         generation,
         recursive: recursive.id,
