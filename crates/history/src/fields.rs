@@ -209,7 +209,14 @@ mod tests {
                  not a/b or / alone. MDCLVA again: exit=137, code 7 and OK.";
         assert_eq!(
             facts(t),
-            ["MDCLVA", "emma_kim_9957", "2024-05-17", "src/lib.rs", "a/b", "137"]
+            [
+                "MDCLVA",
+                "emma_kim_9957",
+                "2024-05-17",
+                "src/lib.rs",
+                "a/b",
+                "137"
+            ]
         );
         assert!(facts("plain words only, nothing to check").is_empty());
     }

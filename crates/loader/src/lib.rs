@@ -38,8 +38,7 @@ pub fn load_compactor(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Compactor<ModelBackend>> {
     let mut config = config;
-    if let Some(applied) =
-        config.apply_calibration(&Calibrations::builtin()?, &builtin_variants()?)
+    if let Some(applied) = config.apply_calibration(&Calibrations::builtin()?, &builtin_variants()?)
     {
         tracing::info!(%applied, "calibrated verification");
     }
