@@ -1,146 +1,170 @@
-//! AVX2 + FMA kernels: 32 values per step, `maddubs` on |w| and sign-adjusted activations,
-//! one f32 accumulator per row of the tile.
+//! AVX2 + FMA kernels on tiles of 16 outputs (see `formats`), 8 outputs per register: each
+//! `maddubs` takes 4 broadcast activations against 4 inputs of 8 outputs. Q4_K and Q6_K values
+//! are unsigned and take the unsigned side; Q8_0's are signed, so it runs on |w| and
+//! sign-adjusted activations.
 
 use crate::activations::QuantizedRows;
-use crate::formats::{f16_at, WeightType, Q8_TILE_BLOCK, TILE_N};
+use crate::formats::{
+    f16_at, Q4K_D, Q4K_DMIN, Q4K_M, Q4K_SC, Q4K_TILE_UNIT, Q6K_D, Q6K_QH, Q6K_SC, Q6K_TILE_UNIT,
+    Q8_TILE_BLOCK, TILE_N,
+};
 use std::arch::x86_64::*;
 
+/// The 16 f16 lane values (a `d` or `dmin`) of a tile unit at `at`, as f32.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
+fn f16_lanes(u: &[u8], at: usize) -> [f32; TILE_N] {
+    std::array::from_fn(|c| f16_at(u, at + 2 * c))
 }
 
-/// Σ w·a in 8 i32 lanes (4 values each) for signed `w`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn dot_signed(aw: __m256i, w: __m256i, a: __m256i) -> __m256 {
-    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w));
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-}
-
-/// Outputs of weight row `w` for rows `r0 .. r0 + R` of `x`.
+/// Outputs of one Q4_K tile (16 weight rows) for rows `r0 .. r0 + R` of `x` (`out` row-major,
+/// 16 per row): 8 outputs per register, the nibbles of 4 inputs per `maddubs` lane pair, eight
+/// `maddubs` summed in 16 bits (at most 8 · 2 · 15 · 127) before widening.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `w` must hold whole units of `ty` for `x.cols()` values
-/// and `r0 + R <= x.rows()`.
+/// The CPU must support AVX2 and FMA; `tile` must hold whole Q4_K tile units for `x.cols()`
+/// inputs, `r0 + R <= x.rows()` and `out.len() >= 16 R`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn column<const R: usize>(
-    ty: WeightType,
-    w: &[u8],
+pub(crate) unsafe fn tile_q4k<const R: usize>(
+    tile: &[u8],
     x: &QuantizedRows,
     r0: usize,
     out: &mut [f32],
 ) {
     let rows: [(&[i8], &[f32], &[f32]); R] = std::array::from_fn(|i| x.row(r0 + i));
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut accm = [_mm256_setzero_ps(); R];
-    let wp = w.as_ptr();
-    let units = w.len() / ty.unit_bytes();
-    match ty {
-        // Q8_0 goes through `tile_q8_0`.
-        WeightType::Q8_0 => {}
-        WeightType::Q4K => {
-            let mask = _mm256_set1_epi8(0xF);
-            for u in 0..units {
-                let b = wp.add(148 * u);
-                let (d, dmin) = (f16_at(w, 148 * u), f16_at(w, 148 * u + 2));
-                let mut sc = [0f32; 8];
-                let mut mn = [0f32; 8];
-                for j in 0..8 {
-                    sc[j] = d * *b.add(4 + j) as f32;
-                    mn[j] = dmin * *b.add(12 + j) as f32;
-                }
-                let mnv = _mm256_loadu_ps(mn.as_ptr());
-                for h in 0..2 {
-                    let v0 = _mm256_loadu_si256(b.add(20 + 64 * h) as *const __m256i);
-                    let v1 = _mm256_loadu_si256(b.add(52 + 64 * h) as *const __m256i);
-                    let parts = [
-                        (4 * h, _mm256_and_si256(v0, mask)),
-                        (4 * h + 1, _mm256_and_si256(v1, mask)),
-                        (4 * h + 2, _mm256_and_si256(_mm256_srli_epi16(v0, 4), mask)),
-                        (4 * h + 3, _mm256_and_si256(_mm256_srli_epi16(v1, 4), mask)),
-                    ];
-                    for (j, q) in parts {
-                        for r in 0..R {
-                            let (a, da, _) = rows[r];
-                            let av = _mm256_loadu_si256(
-                                a.as_ptr().add(256 * u + 32 * j) as *const __m256i
-                            );
-                            let p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(q, av),
-                                _mm256_set1_epi16(1),
-                            );
-                            let s = _mm256_set1_ps(sc[j] * *da.get_unchecked(8 * u + j));
-                            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
-                        }
+    let mask = _mm256_set1_epi8(0xF);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut accm = [_mm256_setzero_ps(); R];
+        for (u, unit) in tile.chunks_exact(Q4K_TILE_UNIT).enumerate() {
+            let b = unit.as_ptr();
+            let d = _mm256_loadu_ps(f16_lanes(unit, Q4K_D).as_ptr().add(8 * h));
+            let dmin = _mm256_loadu_ps(f16_lanes(unit, Q4K_DMIN).as_ptr().add(8 * h));
+            for j in 0..8 {
+                let lanes = |at: usize| {
+                    let v = _mm_loadl_epi64(b.add(at + 16 * j + 8 * h) as *const __m128i);
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+                };
+                let sc = _mm256_mul_ps(lanes(Q4K_SC), d);
+                let mn = _mm256_mul_ps(lanes(Q4K_M), dmin);
+                let mut isum = [_mm256_setzero_si256(); R];
+                for g in 0..4 {
+                    let w = _mm256_loadu_si256(b.add(64 * (4 * j + g) + 32 * h) as *const __m256i);
+                    let lo = _mm256_and_si256(w, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                    for r in 0..R {
+                        let ap = rows[r].0.as_ptr().add(256 * u + 32 * j + 8 * g) as *const i32;
+                        let a0 = _mm256_set1_epi32(ap.read_unaligned());
+                        let a1 = _mm256_set1_epi32(ap.add(1).read_unaligned());
+                        let p = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, a0),
+                            _mm256_maddubs_epi16(hi, a1),
+                        );
+                        isum[r] = _mm256_add_epi16(isum[r], p);
                     }
                 }
                 for r in 0..R {
-                    let asum = _mm256_loadu_ps(rows[r].2.as_ptr().add(8 * u));
-                    accm[r] = _mm256_fmadd_ps(mnv, asum, accm[r]);
+                    let (_, da, asum) = rows[r];
+                    let i = _mm256_madd_epi16(isum[r], ones);
+                    let s = _mm256_mul_ps(sc, _mm256_set1_ps(*da.get_unchecked(8 * u + j)));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), s, acc[r]);
+                    let m = _mm256_set1_ps(*asum.get_unchecked(8 * u + j));
+                    accm[r] = _mm256_fmadd_ps(mn, m, accm[r]);
                 }
             }
         }
-        WeightType::Q6K => {
-            let mask = _mm256_set1_epi8(0xF);
-            let hmask = _mm256_set1_epi8(0x30);
-            let off = _mm256_set1_epi8(32);
-            for u in 0..units {
-                let b = wp.add(210 * u);
-                let d = f16_at(w, 210 * u + 208);
-                let mut sc = [0f32; 16];
-                for (g, s) in sc.iter_mut().enumerate() {
-                    *s = d * *b.add(192 + g) as i8 as f32;
-                }
-                for h in 0..2 {
-                    let l0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
-                    let l1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
-                    let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
-                    let parts = [
+        for r in 0..R {
+            let o = out.as_mut_ptr().add(TILE_N * r + 8 * h);
+            _mm256_storeu_ps(o, _mm256_sub_ps(acc[r], accm[r]));
+        }
+    }
+}
+
+/// Outputs of one Q6_K tile (16 weight rows) for rows `r0 .. r0 + R` of `x` (`out` row-major,
+/// 16 per row): 8 outputs per register, unsigned values (`w + 32`) against the activations
+/// with two `maddubs` summed in 16 bits (at most 2 · 2 · 63 · 127), each sum starting at
+/// `-32 · Σa`.
+///
+/// # Safety
+/// As [`tile_q4k`], for Q6_K tile units.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn tile_q6k<const R: usize>(
+    tile: &[u8],
+    x: &QuantizedRows,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let rows: [(&[i8], &[f32], &[i32]); R] = std::array::from_fn(|i| {
+        let (a, da, _) = x.row(r0 + i);
+        (a, da, x.off16(r0 + i))
+    });
+    let mask = _mm256_set1_epi8(0xF);
+    let hmask = _mm256_set1_epi8(0x30);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (u, unit) in tile.chunks_exact(Q6K_TILE_UNIT).enumerate() {
+            let b = unit.as_ptr();
+            let d = _mm256_loadu_ps(f16_lanes(unit, Q6K_D).as_ptr().add(8 * h));
+            for blk in 0..8 {
+                let mut isum = [[_mm256_setzero_si256(); R]; 2];
+                let mut sc = [_mm256_setzero_ps(); 2];
+                for (k, isum) in isum.iter_mut().enumerate() {
+                    let s = 2 * blk + k;
+                    let v = _mm_loadl_epi64(b.add(Q6K_SC + 16 * s + 8 * h) as *const __m128i);
+                    sc[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+                    let ld = |at: usize| _mm256_loadu_si256(b.add(at + 32 * h) as *const __m256i);
+                    let (l0, l1, qh) = (ld(128 * s), ld(128 * s + 64), ld(Q6K_QH + 64 * s));
+                    let w = [
                         _mm256_or_si256(
                             _mm256_and_si256(l0, mask),
                             _mm256_and_si256(_mm256_slli_epi16(qh, 4), hmask),
                         ),
                         _mm256_or_si256(
-                            _mm256_and_si256(l1, mask),
+                            _mm256_and_si256(_mm256_srli_epi16(l0, 4), mask),
                             _mm256_and_si256(_mm256_slli_epi16(qh, 2), hmask),
                         ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(l0, 4), mask),
-                            _mm256_and_si256(qh, hmask),
-                        ),
+                        _mm256_or_si256(_mm256_and_si256(l1, mask), _mm256_and_si256(qh, hmask)),
                         _mm256_or_si256(
                             _mm256_and_si256(_mm256_srli_epi16(l1, 4), mask),
                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), hmask),
                         ),
                     ];
-                    for (i, q) in parts.into_iter().enumerate() {
-                        let c = 4 * h + i; // 32-value chunk within the unit
-                        let wv = _mm256_sub_epi8(q, off);
-                        let aw = _mm256_abs_epi8(wv);
-                        for r in 0..R {
-                            let (a, da, _) = rows[r];
-                            let av = _mm256_loadu_si256(
-                                a.as_ptr().add(256 * u + 32 * c) as *const __m256i
-                            );
-                            let dab = *da.get_unchecked(8 * u + c);
-                            let s = _mm256_set_m128(
-                                _mm_set1_ps(sc[2 * c + 1] * dab),
-                                _mm_set1_ps(sc[2 * c] * dab),
-                            );
-                            acc[r] = _mm256_fmadd_ps(dot_signed(aw, wv, av), s, acc[r]);
-                        }
+                    for r in 0..R {
+                        let (a, _, off) = rows[r];
+                        let ap = a.as_ptr().add(256 * u + 16 * s) as *const i32;
+                        let a4: [__m256i; 4] =
+                            std::array::from_fn(|i| _mm256_set1_epi32(ap.add(i).read_unaligned()));
+                        let p = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(w[0], a4[0]),
+                            _mm256_maddubs_epi16(w[1], a4[1]),
+                        );
+                        let q = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(w[2], a4[2]),
+                            _mm256_maddubs_epi16(w[3], a4[3]),
+                        );
+                        let t = _mm256_add_epi32(
+                            _mm256_madd_epi16(p, ones),
+                            _mm256_madd_epi16(q, ones),
+                        );
+                        let o = _mm256_set1_epi32(*off.get_unchecked(16 * u + s));
+                        isum[r] = _mm256_add_epi32(t, o);
                     }
+                }
+                for r in 0..R {
+                    let da = _mm256_set1_ps(*rows[r].1.get_unchecked(8 * u + blk));
+                    let p = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(isum[0][r]),
+                        sc[0],
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(isum[1][r]), sc[1]),
+                    );
+                    acc[r] = _mm256_fmadd_ps(p, da, acc[r]);
                 }
             }
         }
-    }
-    for r in 0..R {
-        out[r] = hsum(acc[r]) - hsum(accm[r]);
+        for r in 0..R {
+            _mm256_storeu_ps(out.as_mut_ptr().add(TILE_N * r + 8 * h), acc[r]);
+        }
     }
 }
 
@@ -148,7 +172,7 @@ pub(crate) unsafe fn column<const R: usize>(
 /// 16 per row): 8 outputs per register, 4 inputs per `maddubs` lane pair.
 ///
 /// # Safety
-/// As [`column`]; `tile` must hold whole tile blocks for `x.cols()` inputs.
+/// As [`tile_q4k`], for Q8_0 tile units.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn tile_q8_0<const R: usize>(
     tile: &[u8],

@@ -1,13 +1,10 @@
-//! The driver: checks shapes, splits output columns across the thread pool, tiles rows by up
-//! to eight and hands each (row tile, column) to the chosen instruction set's kernel.
+//! The driver: checks shapes, splits tiles of 16 outputs across the thread pool, tiles rows by
+//! up to eight and hands each (row tile, output tile) to the chosen instruction set's kernel.
 
 use crate::activations::QuantizedRows;
 use crate::formats::{PackedMatrix, WeightType, TILE_N};
 #[cfg(target_arch = "x86_64")]
-use crate::{
-    avx2::column as avx2_column, avx2::tile_q8_0 as avx2_tile, avx512::column as avx512_column,
-    avx512::tile_q8_0 as avx512_tile,
-};
+use crate::{avx2, avx512};
 use crate::{scalar, Error, Isa, Result};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -43,53 +40,27 @@ pub fn matmul(w: &PackedMatrix, x: &QuantizedRows, out: &mut [f32], isa: Isa) ->
     let threads = rayon::current_num_threads().max(1);
     let parallel = threads > 1 && m * n * k >= PARALLEL_MIN;
     let dst = SyncPtr(out.as_mut_ptr());
-    if w.weight_type() == WeightType::Q8_0 {
-        let tiles = n.div_ceil(TILE_N);
-        let task = |t: usize| {
-            let mut buf = [0f32; ROW_TILE * TILE_N];
-            let cols = TILE_N.min(n - t * TILE_N);
-            for r0 in (0..m).step_by(ROW_TILE) {
-                let rows = ROW_TILE.min(m - r0);
-                let b = &mut buf[..rows * TILE_N];
-                tile(isa, w.tile(t), x, r0, b);
-                for (i, vals) in b.chunks_exact(TILE_N).enumerate() {
-                    for (c, v) in vals[..cols].iter().enumerate() {
-                        // SAFETY: inside the m × n output; each tile is one task's.
-                        unsafe { *dst.get().add((r0 + i) * n + t * TILE_N + c) = *v };
-                    }
-                }
-            }
-        };
-        if parallel {
-            (0..tiles).into_par_iter().for_each(task);
-        } else {
-            (0..tiles).for_each(task);
-        }
-        return Ok(());
-    }
-    // Enough chunks to balance, each still a few dozen columns.
-    let chunk = n.div_ceil(threads * 4).max(16);
-    let task = |c: usize| {
-        let cols = c * chunk..((c + 1) * chunk).min(n);
-        let mut tile = [0f32; ROW_TILE];
+    let ty = w.weight_type();
+    let tiles = n.div_ceil(TILE_N);
+    let task = |t: usize| {
+        let mut buf = [0f32; ROW_TILE * TILE_N];
+        let cols = TILE_N.min(n - t * TILE_N);
         for r0 in (0..m).step_by(ROW_TILE) {
             let rows = ROW_TILE.min(m - r0);
-            for j in cols.clone() {
-                let t = &mut tile[..rows];
-                column(isa, w.weight_type(), w.row(j), x, r0, t);
-                for (i, v) in t.iter().enumerate() {
-                    // SAFETY: (r0 + i, j) is inside the m × n output, and each column belongs
-                    // to exactly one chunk, so no two tasks write the same element.
-                    unsafe { *dst.get().add((r0 + i) * n + j) = *v };
+            let b = &mut buf[..rows * TILE_N];
+            tile(isa, ty, w.tile(t), x, r0, b);
+            for (i, vals) in b.chunks_exact(TILE_N).enumerate() {
+                for (c, v) in vals[..cols].iter().enumerate() {
+                    // SAFETY: inside the m × n output; each tile is one task's.
+                    unsafe { *dst.get().add((r0 + i) * n + t * TILE_N + c) = *v };
                 }
             }
         }
     };
-    let chunks = n.div_ceil(chunk);
-    if !parallel {
-        (0..chunks).for_each(task);
+    if parallel {
+        (0..tiles).into_par_iter().for_each(task);
     } else {
-        (0..chunks).into_par_iter().for_each(task);
+        (0..tiles).for_each(task);
     }
     Ok(())
 }
@@ -123,42 +94,43 @@ impl SyncPtr {
 }
 
 macro_rules! by_rows {
-    ($kernel:ident, $rows:expr, $($arg:expr),*) => {
+    ($($kernel:ident)::+, $rows:expr, $($arg:expr),*) => {
         match $rows {
-            1 => $kernel::<1>($($arg),*),
-            2 => $kernel::<2>($($arg),*),
-            3 => $kernel::<3>($($arg),*),
-            4 => $kernel::<4>($($arg),*),
-            5 => $kernel::<5>($($arg),*),
-            6 => $kernel::<6>($($arg),*),
-            7 => $kernel::<7>($($arg),*),
-            _ => $kernel::<8>($($arg),*),
+            1 => $($kernel)::+::<1>($($arg),*),
+            2 => $($kernel)::+::<2>($($arg),*),
+            3 => $($kernel)::+::<3>($($arg),*),
+            4 => $($kernel)::+::<4>($($arg),*),
+            5 => $($kernel)::+::<5>($($arg),*),
+            6 => $($kernel)::+::<6>($($arg),*),
+            7 => $($kernel)::+::<7>($($arg),*),
+            _ => $($kernel)::+::<8>($($arg),*),
         }
     };
 }
 
-/// One weight row against `out.len()` (1 ..= 8) activation rows from `r0`.
-fn column(isa: Isa, ty: WeightType, w: &[u8], x: &QuantizedRows, r0: usize, out: &mut [f32]) {
-    match isa {
+/// One tile of `ty` against `out.len() / 16` (1 ..= 8) activation rows from `r0`.
+fn tile(isa: Isa, ty: WeightType, t: &[u8], x: &QuantizedRows, r0: usize, out: &mut [f32]) {
+    let rows = out.len() / TILE_N;
+    match (isa, ty) {
+        // SAFETY (every arm): `matmul` checked the CPU runs `isa`, and the shapes.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul` checked the CPU runs `isa`, and the shapes.
-        Isa::Avx512Vnni => unsafe { by_rows!(avx512_column, out.len(), ty, w, x, r0, out) },
+        (Isa::Avx512Vnni, WeightType::Q8_0) => unsafe {
+            by_rows!(avx512::tile_q8_0, rows, t, x, r0, out)
+        },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { by_rows!(avx2_column, out.len(), ty, w, x, r0, out) },
-        _ => scalar::column(ty, w, x, r0, out),
-    }
-}
-
-/// One Q8_0 tile against `out.len() / 16` (1 ..= 8) activation rows from `r0`.
-fn tile(isa: Isa, t: &[u8], x: &QuantizedRows, r0: usize, out: &mut [f32]) {
-    match isa {
+        (Isa::Avx512Vnni, WeightType::Q4K) => unsafe {
+            by_rows!(avx512::tile_q4k, rows, t, x, r0, out)
+        },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul` checked the CPU runs `isa`, and the shapes.
-        Isa::Avx512Vnni => unsafe { by_rows!(avx512_tile, out.len() / TILE_N, t, x, r0, out) },
+        (Isa::Avx512Vnni, WeightType::Q6K) => unsafe {
+            by_rows!(avx512::tile_q6k, rows, t, x, r0, out)
+        },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { by_rows!(avx2_tile, out.len() / TILE_N, t, x, r0, out) },
-        _ => scalar::tile_q8_0(t, x, r0, out),
+        (Isa::Avx2, WeightType::Q8_0) => unsafe { by_rows!(avx2::tile_q8_0, rows, t, x, r0, out) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightType::Q4K) => unsafe { by_rows!(avx2::tile_q4k, rows, t, x, r0, out) },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightType::Q6K) => unsafe { by_rows!(avx2::tile_q6k, rows, t, x, r0, out) },
+        _ => scalar::tile(ty, t, x, r0, out),
     }
 }

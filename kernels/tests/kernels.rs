@@ -1,5 +1,6 @@
 //! Every kernel against the scalar reference, the scalar reference against f64 dot products of
-//! the dequantized operands, and the unpacking against candle's dequantization.
+//! the dequantized operands, and the unpacking of the tiled layout against candle's
+//! dequantization.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
@@ -73,8 +74,9 @@ fn magnitudes(w: &PackedMatrix, x: &QuantizedRows) -> Vec<f64> {
 #[test]
 fn unpacking_matches_candle_dequantization() {
     let dev = Device::Cpu;
-    for (ty, g) in TYPES {
-        let (n, k) = (5, 512);
+    // One partial tile, one whole tile, and whole tiles plus a partial one.
+    for ((ty, g), n) in TYPES.iter().flat_map(|t| [5, 16, 37].map(|n| (*t, n))) {
+        let k = 512;
         let t = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
         let q = QTensor::quantize(&t, g).unwrap();
         let bytes = q.data().unwrap();
@@ -87,10 +89,11 @@ fn unpacking_matches_candle_dequantization() {
             .unwrap()
             .to_vec1()
             .unwrap();
+        assert_eq!(ours.len(), theirs.len());
         for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
-                "{ty:?} value {i}: {a} vs {b}"
+                "{ty:?} n={n} value {i}: {a} vs {b}"
             );
         }
     }
