@@ -121,7 +121,7 @@ pub enum KernelMode {
     #[default]
     On,
     /// Decide per weight type, shape and row class by timing both at load (once per process
-    /// and shape, so every load in a process decides alike).
+    /// and shape, so every load in a process decides alike); one-row forwards keep candle's.
     Auto,
 }
 
@@ -237,9 +237,14 @@ fn pack(q: &Arc<QTensor>, mode: KernelMode) -> Result<Option<Arc<Packed>>> {
             Some(d) => d,
             None => {
                 let probes = probe_kernels(q, &packed)?;
+                // One-row forwards (decode) stay on candle's kernels: a warm-cache probe
+                // favoured ours for some shapes, but whole decode steps were slower with them
+                // on every shipped model (SmolLM2 112 -> 104 tok/s, 0.5B 44.9 -> 39.0,
+                // 1.5B 18.0-18.3 -> 14.1-17.5, `runtime-bench --kernels off|auto`), where the
+                // weights stream from memory between other ops.
                 let mut ours = [false; 3];
-                for (o, (_, theirs, mine)) in ours.iter_mut().zip(&probes) {
-                    *o = mine < theirs;
+                for (class, (o, (_, theirs, mine))) in ours.iter_mut().zip(&probes).enumerate() {
+                    *o = class > 0 && mine < theirs;
                 }
                 let d = KernelDecision {
                     shape: (format!("{:?}", q.dtype()), n, k),
