@@ -36,6 +36,15 @@ impl Isa {
         }
     }
 
+    /// The family's name: `scalar`, `avx2`, `avx512vnni`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
     /// The fastest family this CPU runs.
     pub fn best() -> Isa {
         Isa::ALL

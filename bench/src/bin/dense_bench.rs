@@ -63,24 +63,22 @@ fn main() -> Result<()> {
             &path,
             &dev,
             LoadOptions {
-                dense: DenseMode::Auto { min_rows: 32 },
+                dense: DenseMode::Auto { min_rows: 128 },
                 ..Default::default()
             },
         )?;
         let dd = auto.decoder.dense_decision().clone();
-        let mut probes: Vec<String> = dd
-            .probes
-            .iter()
-            .map(|(r, q, d)| format!("{r} rows: quantized {q:.1} ms, dense {d:.1} ms"))
-            .collect();
-        if probes.is_empty() {
-            probes.push(
-                "not probed: the dense copies would exceed a quarter of the available memory"
-                    .into(),
-            );
-        }
-        writeln!(notes, "- {name}: `dense = \"auto\"` probe on the first MLP's up + down projections ({}) -> dense {}{}; dense copies take {} MiB",
-            probes.join("; "), if dd.dense { "on from " } else { "off" }, if dd.dense { format!("{} rows", dd.min_rows) } else { String::new() }, dd.bytes >> 20)?;
+        writeln!(
+            notes,
+            "- {name}: `dense = \"auto\"` -> dense {} ({}); dense copies take {} MiB",
+            if dd.dense {
+                format!("on from {} rows", dd.min_rows)
+            } else {
+                "off".into()
+            },
+            dd.reason,
+            dd.bytes >> 20
+        )?;
         drop(auto);
         if args.probe_only {
             continue;

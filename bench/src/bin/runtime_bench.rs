@@ -11,9 +11,7 @@ use clap::Parser;
 use speccompact_bench::{
     filler_tokens, median, rss_bytes, step_timing, time, verify_timing, Reference,
 };
-use speccompact_runtime::{
-    kernel_decisions, set_threads, DenseMode, KernelMode, LoadOptions, LogitsAt, Model, Row,
-};
+use speccompact_runtime::{set_threads, DenseMode, KernelMode, LoadOptions, LogitsAt, Model, Row};
 use speccompact_store::Store;
 use std::fmt::Write as _;
 
@@ -44,8 +42,8 @@ struct Args {
     /// Skip the dense-weight rows.
     #[arg(long)]
     no_dense: bool,
-    /// Quantized matmul: auto, on (kernels crate), off (candle).
-    #[arg(long, default_value = "auto")]
+    /// Quantized matmul: on (kernels crate; `auto` reads as on), off (candle).
+    #[arg(long, default_value = "on")]
     kernels: String,
     /// Also write the table to this file.
     #[arg(long)]
@@ -67,10 +65,9 @@ fn main() -> Result<()> {
     let store = Store::open_default()?;
     let mut lines: Vec<Line> = Vec::new();
     let kernels = match args.kernels.as_str() {
-        "auto" => KernelMode::Auto,
-        "on" => KernelMode::On,
+        "on" | "auto" => KernelMode::On,
         "off" => KernelMode::Off,
-        other => anyhow::bail!("--kernels must be auto, on or off, not `{other}`"),
+        other => anyhow::bail!("--kernels must be on or off, not `{other}`"),
     };
     let load = LoadOptions {
         kernels,
@@ -259,36 +256,6 @@ fn main() -> Result<()> {
             "| {} | {} | {} | {} | {} |",
             l.model, l.metric, l.ours, l.reference, l.ratio
         )?;
-    }
-    let decided = kernel_decisions();
-    if !decided.is_empty() {
-        writeln!(
-            t,
-            "\nKernel choice per weight shape (`auto`: candle ms / ours ms at 1, 6, 32 rows):\n"
-        )?;
-        writeln!(t, "| type | outputs x inputs | 1 row | 6 rows | 32 rows |")?;
-        writeln!(t, "|---|---|---|---|---|")?;
-        for d in decided {
-            let cell = |i: usize| match d.probes.get(i) {
-                Some((_, c, o)) => format!(
-                    "{:.3} / {:.3} -> {}",
-                    c,
-                    o,
-                    if d.ours[i] { "ours" } else { "candle" }
-                ),
-                None => String::new(),
-            };
-            writeln!(
-                t,
-                "| {} | {} x {} | {} | {} | {} |",
-                d.shape.0,
-                d.shape.1,
-                d.shape.2,
-                cell(0),
-                cell(1),
-                cell(2)
-            )?;
-        }
     }
     println!("{t}");
     if let Some(p) = &args.out {

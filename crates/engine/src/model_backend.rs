@@ -164,9 +164,6 @@ impl ModelBackend {
             /// Path tokens after the head before this step (the pending token included).
             before: usize,
             max: usize,
-            /// A new path: this step reads the head (on the kernels a prompt uses) and takes
-            /// the model's first token; the draft waits for the next step.
-            fresh: bool,
         }
         let tok = &self.model.tokenizer;
         let ctx = self.context_length();
@@ -216,7 +213,6 @@ impl ModelBackend {
                     (head[common..].to_vec(), 0)
                 }
             };
-            let fresh = before == 0;
             if seq.len() + fed.len() > ctx {
                 return Err(self.err(format!(
                     "stream {}: {} positions exceed the context of {ctx}",
@@ -230,49 +226,29 @@ impl ModelBackend {
                 head,
                 before,
                 max: max_tokens,
-                fresh,
             });
         }
-        // Heads are read as a prompt is; later steps on the kernels of one-token decode
-        // steps (never the dense copies), so the checked path is the one token-by-token
-        // greedy decoding takes.
-        let mut logits: Vec<Option<candle_core::Tensor>> = vec![None; plans.len()];
-        for fresh in [true, false] {
-            let idx: Vec<usize> = (0..plans.len())
-                .filter(|&i| plans[i].fresh == fresh)
-                .collect();
-            if idx.is_empty() {
-                continue;
-            }
-            let at: Vec<Vec<usize>> = idx
-                .iter()
-                .map(|&i| {
-                    let p = &plans[i];
-                    (p.fed.len() - p.draft.len() - 1..p.fed.len()).collect()
-                })
-                .collect();
-            let mut pool: HashMap<usize, &mut Sequence> =
-                session.streams.iter_mut().map(|(k, v)| (*k, v)).collect();
-            let mut rows = Vec::with_capacity(idx.len());
-            for &i in &idx {
-                let stream = requests[i].stream;
-                rows.push(speccompact_runtime::Row {
-                    seq: pool
-                        .remove(&stream)
-                        .ok_or_else(|| self.err(format!("stream {stream} lost")))?,
-                    tokens: &plans[i].fed,
-                });
-            }
-            let out = self.model.decoder.forward_with(
-                &mut rows,
-                speccompact_runtime::LogitsAt::At(at),
-                fresh,
-            )?;
-            for (i, l) in idx.into_iter().zip(out) {
-                logits[i] = Some(l);
-            }
+        // One step forward for every stream: its logits are bitwise those of decoding the
+        // same path token by token (step forwards are batch-invariant).
+        let at: Vec<Vec<usize>> = plans
+            .iter()
+            .map(|p| (p.fed.len() - p.draft.len() - 1..p.fed.len()).collect())
+            .collect();
+        let mut pool: HashMap<usize, &mut Sequence> =
+            session.streams.iter_mut().map(|(k, v)| (*k, v)).collect();
+        let mut rows = Vec::with_capacity(plans.len());
+        for (r, p) in requests.iter().zip(&plans) {
+            rows.push(speccompact_runtime::Row {
+                seq: pool
+                    .remove(&r.stream)
+                    .ok_or_else(|| self.err(format!("stream {} lost", r.stream)))?,
+                tokens: &p.fed,
+            });
         }
-        let logits: Vec<candle_core::Tensor> = logits.into_iter().flatten().collect();
+        let logits = self
+            .model
+            .decoder
+            .forward(&mut rows, speccompact_runtime::LogitsAt::At(at))?;
         let mut out = Vec::with_capacity(requests.len());
         for ((r, p), l) in requests.iter().zip(plans).zip(logits) {
             let greedy: Vec<u32> = l

@@ -5,10 +5,12 @@
 //! prefix (one matmul for all rows and heads of a kv group, the prefix is never copied or
 //! repeated per row) and against each row's own suffix (padded to the longest row).
 
+mod attention;
+mod batched;
 mod load;
 mod positions;
 
-use crate::cache::{LayerKv, Sequence};
+use crate::cache::Sequence;
 use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::linear::{DenseDecision, DenseMode, KernelMode, Linear};
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
@@ -17,7 +19,7 @@ use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use load::{decide_dense, Loader};
-use positions::{pad_len, rope_table, suffix_mask, SlidingMasks};
+use positions::rope_table;
 use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::Arc;
@@ -53,6 +55,20 @@ pub enum LogitsAt {
     /// Chosen new-token indices per row (in row order; each index below the row's new token
     /// count), in the order given.
     At(Vec<Vec<usize>>),
+}
+
+/// How a forward computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// Prefill of a long text in chunks ([`Decoder::extend`]): the fastest kernels (dense
+    /// weight copies from their row count, batched matmul attention), whose operation order
+    /// depends on the chunk's shape.
+    Prefill,
+    /// Every other forward (decode steps, prompts of requests, verification of drafted
+    /// tokens): batch-invariant on CPU. Each token's logits are bitwise the same whatever
+    /// rows and tokens share the forward: projections on one quantized kernel whose rows are
+    /// computed alike at any row count, attention per query in a fixed order.
+    Step,
 }
 
 /// One row of a batched forward: a sequence and the new tokens to append to it.
@@ -272,33 +288,33 @@ impl Decoder {
     /// Appends `tokens` to `seq` in chunks, discarding logits.
     pub fn extend(&self, seq: &mut Sequence, tokens: &[u32], chunk: usize) -> Result<()> {
         for part in tokens.chunks(chunk.max(1)) {
-            self.forward(
+            self.forward_pass(
                 &mut [Row {
                     seq: &mut *seq,
                     tokens: part,
                 }],
                 LogitsAt::Last,
+                Pass::Prefill,
             )?;
         }
         Ok(())
     }
 
-    /// Batched forward. Each row's new tokens are appended to its sequence's cache; returns,
-    /// per row, logits of shape (n, vocab) with n = 1 for [`LogitsAt::Last`], the row's new
-    /// token count for [`LogitsAt::All`] or the row's index count for [`LogitsAt::At`]. Rows may have different suffix lengths, token
-    /// counts and prefixes (rows are grouped by prefix internally).
+    /// Batched forward, a [`Pass::Step`]. Each row's new tokens are appended to its
+    /// sequence's cache; returns, per row, logits of shape (n, vocab) with n = 1 for
+    /// [`LogitsAt::Last`], the row's new token count for [`LogitsAt::All`] or the row's index
+    /// count for [`LogitsAt::At`]. Rows may have different suffix lengths, token counts and
+    /// prefixes (rows are grouped by prefix internally).
     pub fn forward(&self, rows: &mut [Row<'_>], at: LogitsAt) -> Result<Vec<Tensor>> {
-        self.forward_with(rows, at, true)
+        self.forward_pass(rows, at, Pass::Step)
     }
 
-    /// [`Decoder::forward`]; `dense = false` keeps every projection on its quantized kernel
-    /// (as one-row decode steps run it), so a many-token check of a greedy path computes what
-    /// decoding that path token by token computes, up to the attention's operation order.
-    pub fn forward_with(
+    /// [`Decoder::forward`] as the given pass.
+    pub fn forward_pass(
         &self,
         rows: &mut [Row<'_>],
         at: LogitsAt,
-        dense: bool,
+        pass: Pass,
     ) -> Result<Vec<Tensor>> {
         if rows.is_empty() {
             return Ok(Vec::new());
@@ -371,7 +387,7 @@ impl Decoder {
                 LogitsAt::At(all) => LogitsAt::At(idx.iter().map(|&i| all[i].clone()).collect()),
                 other => other.clone(),
             };
-            let res = self.forward_group(&mut sub, &group_at, dense)?;
+            let res = self.forward_group(&mut sub, &group_at, pass)?;
             for (i, t) in idx.into_iter().zip(res) {
                 out[i] = Some(t);
             }
@@ -383,7 +399,7 @@ impl Decoder {
         &self,
         rows: &mut [&mut Row<'_>],
         at: &LogitsAt,
-        dense: bool,
+        pass: Pass,
     ) -> Result<Vec<Tensor>> {
         let cfg = &self.cfg;
         let dev = &self.device;
@@ -417,26 +433,20 @@ impl Decoder {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        let global_mask = suffix_mask(&s, &n, t, kv_total, None, dev)?;
-        // Sliding layers: the suffix mask also cuts keys older than the window, and the
-        // prefix is read only from the first position any query of the batch can still see.
-        let sliding = match cfg.sliding_window {
-            Some(w) => Some(SlidingMasks::new(lp, &s, &n, t, kv_total, w, dev)?),
-            None => None,
-        };
+        // Masks of the batched attention, made on its first use.
+        let mut masks: Option<batched::Masks> = None;
 
         let mut x = self.embed.forward(&ids)?.reshape((b, t, cfg.hidden_size))?;
         if cfg.embed_scale != 1.0 {
             x = (x * cfg.embed_scale as f64)?;
         }
         let (hq, hkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let g = hq / hkv;
         let scale = cfg.attn_scale;
         for (li, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x)?;
-            let mut q = blk.wq.forward_with(&h, dense)?.reshape((b, t, hq, hd))?;
-            let mut k = blk.wk.forward_with(&h, dense)?.reshape((b, t, hkv, hd))?;
-            let v = blk.wv.forward_with(&h, dense)?.reshape((b, t, hkv, hd))?;
+            let mut q = blk.wq.forward_pass(&h, pass)?.reshape((b, t, hq, hd))?;
+            let mut k = blk.wk.forward_pass(&h, pass)?.reshape((b, t, hkv, hd))?;
+            let v = blk.wv.forward_pass(&h, pass)?.reshape((b, t, hkv, hd))?;
             if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
                 q = qn.forward(&q)?;
                 k = kn.forward(&k)?;
@@ -455,90 +465,86 @@ impl Decoder {
                     candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
                 ),
             };
-            // Append the new keys/values to each row's suffix, then gather the padded
-            // suffix block in kv-head-major layout (hkv, b, kv_total, hd).
-            let mut ks = Vec::with_capacity(b);
-            let mut vs = Vec::with_capacity(b);
+            // Append the new keys/values to each row's suffix.
             for (r, row) in rows.iter_mut().enumerate() {
                 let kr = k.i(r)?.narrow(1, 0, n[r])?;
                 let vr = v.i(r)?.narrow(1, 0, n[r])?;
                 row.seq.append_layer(li, kr, vr)?;
-                let kv: &LayerKv = row
-                    .seq
-                    .suffix_layer(li)
-                    .ok_or_else(|| Error::InvalidRequest("suffix cache missing".into()))?;
-                ks.push(pad_len(&kv.k, kv_total)?);
-                vs.push(pad_len(&kv.v, kv_total)?);
             }
-            let ks = Tensor::stack(&ks, 1)?;
-            let vs = Tensor::stack(&vs, 1)?;
-            // Queries grouped by kv head: (hkv, b, g*t, hd). Every large tensor below is
-            // produced contiguous in this layout, so no score matrix is ever transposed.
-            let qh = q
-                .reshape((b, hkv, g * t, hd))?
-                .transpose(0, 1)?
-                .contiguous()?;
-            let sw = if blk.sliding { sliding.as_ref() } else { None };
-            let mask = sw.map_or(&global_mask, |m| &m.suffix);
-            let ss = (qh.matmul(&ks.t()?)? * scale)?
-                .reshape((hkv, b, g, t, kv_total))?
-                .broadcast_add(mask)?
-                .reshape((hkv, b * g * t, kv_total))?;
-            // The part of the prefix this layer can see.
-            let (p0, plen) = match sw {
-                Some(m) => (m.prefix_start, lp - m.prefix_start),
-                None => (0, lp),
+            let window = if blk.sliding {
+                cfg.sliding_window
+            } else {
+                None
             };
-            let o = match &prefix {
-                Some(p) if plen > 0 => {
-                    let pkv = p
-                        .layer(li)
-                        .ok_or_else(|| Error::InvalidRequest("prefix layer missing".into()))?;
-                    let (pk, pv) = (pkv.k.narrow(1, p0, plen)?, pkv.v.narrow(1, p0, plen)?);
-                    // One matmul per kv head covers every row: the prefix is read in place.
-                    let qp = qh.reshape((hkv, b * g * t, hd))?;
-                    let mut sp = (qp.matmul(&pk.t()?)? * scale)?;
-                    if let Some(m) = sw.and_then(|m| m.prefix.as_ref()) {
-                        sp = sp
-                            .reshape((hkv, b, g, t, plen))?
-                            .broadcast_add(m)?
-                            .reshape((hkv, b * g * t, plen))?;
-                    }
-                    let all = Tensor::cat(&[&sp, &ss], 2)?;
-                    let probs = candle_nn::ops::softmax_last_dim(&all)?;
-                    let op = probs.narrow(2, 0, plen)?.matmul(&pv.contiguous()?)?;
-                    let ps = probs.narrow(2, plen, kv_total)?.contiguous()?.reshape((
-                        hkv,
-                        b,
-                        g * t,
-                        kv_total,
-                    ))?;
-                    (op.reshape((hkv, b, g * t, hd))? + ps.matmul(&vs)?)?
+            let o = if pass == Pass::Step && dev.is_cpu() {
+                let pkv = match &prefix {
+                    Some(p) => Some(
+                        p.layer(li)
+                            .ok_or_else(|| Error::InvalidRequest("prefix layer missing".into()))?,
+                    ),
+                    None => None,
+                };
+                let mut kv_rows = Vec::with_capacity(b);
+                for (r, row) in rows.iter().enumerate() {
+                    let kv = row
+                        .seq
+                        .suffix_layer(li)
+                        .ok_or_else(|| Error::InvalidRequest("suffix cache missing".into()))?;
+                    kv_rows.push(attention::RowKv {
+                        prefix: pkv.map(|p| (&p.k, &p.v)),
+                        suffix: (&kv.k, &kv.v),
+                        cached: s[r],
+                        new: n[r],
+                    });
                 }
-                _ => candle_nn::ops::softmax_last_dim(&ss)?
-                    .reshape((hkv, b, g * t, kv_total))?
-                    .matmul(&vs)?,
+                let dims = attention::Dims {
+                    heads: hq,
+                    kv_heads: hkv,
+                    head_dim: hd,
+                    tokens: t,
+                    prefix_len: lp,
+                    scale: scale as f32,
+                    window,
+                };
+                attention::attend(&q, &kv_rows, &dims)?
+            } else {
+                let masks = match &masks {
+                    Some(m) => m,
+                    None => masks.insert(batched::Masks::new(
+                        lp,
+                        &s,
+                        &n,
+                        (t, kv_total),
+                        cfg.sliding_window,
+                        dev,
+                    )?),
+                };
+                let shape = batched::Shape {
+                    b,
+                    t,
+                    kv_total,
+                    heads: hq,
+                    kv_heads: hkv,
+                    head_dim: hd,
+                    scale,
+                };
+                let rows: Vec<&mut Row<'_>> = rows.iter_mut().map(|r| &mut **r).collect();
+                batched::attend(&q, &rows, li, prefix.as_ref(), masks, blk.sliding, &shape)?
             };
-            // (hkv, b, g, t, hd) -> (b, t, hkv, g, hd) -> (b, t, hq*hd)
-            let o = o
-                .reshape((hkv, b, g, t, hd))?
-                .permute((1, 3, 0, 2, 4))?
-                .contiguous()?
-                .reshape((b, t, hq * hd))?;
-            let mut attn = blk.wo.forward_with(&o, dense)?;
+            let mut attn = blk.wo.forward_pass(&o, pass)?;
             if let Some(pn) = &blk.post_attn_norm {
                 attn = pn.forward(&attn)?;
             }
             x = (x + attn)?;
             let h = blk.ffn_norm.forward(&x)?;
-            let gate = blk.gate.forward_with(&h, dense)?;
+            let gate = blk.gate.forward_pass(&h, pass)?;
             let gate = match cfg.activation {
                 Activation::Silu => candle_nn::ops::silu(&gate)?,
                 Activation::GeluTanh => gate.gelu()?,
             };
             let mut m = blk
                 .down
-                .forward_with(&(gate * blk.up.forward_with(&h, dense)?)?, dense)?;
+                .forward_pass(&(gate * blk.up.forward_pass(&h, pass)?)?, pass)?;
             if let Some(pn) = &blk.post_ffn_norm {
                 m = pn.forward(&m)?;
             }
@@ -570,7 +576,7 @@ impl Decoder {
         let pick = Tensor::from_vec(pick, npick, dev)?;
         let logits = self
             .lm_head
-            .forward_with(&x.index_select(&pick, 0)?, dense)?
+            .forward_pass(&x.index_select(&pick, 0)?, pass)?
             .to_dtype(DType::F32)?;
         let mut out = Vec::with_capacity(b);
         let mut at_row = 0;

@@ -23,14 +23,14 @@ pub mod weights;
 pub use cache::{Prefix, Sequence};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Activation, Architecture, ModelConfig, RopeStyle};
-pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Row};
+pub use decoder::{argmax, Decoder, LoadOptions, LogitsAt, Pass, Row};
 pub use device::{parse_device, set_threads, threads};
 pub use error::{Error, Result};
 pub use generate::{
     greedy, greedy_rows, greedy_rows_gated, Continuation, LineMask, LineVerdict, StopReason,
     StopRules, TokenScore,
 };
-pub use linear::{kernel_decisions, DenseDecision, DenseMode, KernelDecision, KernelMode};
+pub use linear::{kernel_isa, DenseDecision, DenseMode, KernelMode};
 pub use model::{read_gguf, Model};
 pub use settings::{DenseChoice, RuntimeSettings, DEFAULT_RUNTIME};
 pub use tokenizer::Tokenizer;

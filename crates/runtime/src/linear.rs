@@ -2,91 +2,56 @@
 //! forwards, the choice between candle's quantized matmul and the kernels crate's, and the
 //! load-time conversion of quant types that have no fast kernel.
 
+use crate::decoder::Pass;
 use crate::weights::Weight;
 use crate::Result;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Module, Tensor};
 use speccompact_kernels::{matmul_f32, Isa, PackedMatrix, WeightType};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
-/// When to keep a dequantized copy of projection weights for many-token forwards.
+/// When to keep a dequantized copy of projection weights for prefill forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DenseMode {
     /// Quantized weights only (least memory).
     #[default]
     Off,
-    /// Keep an f32 copy; forwards with at least `min_rows` tokens use it.
+    /// Keep an f32 copy; prefill forwards with at least `min_rows` tokens use it.
     On {
         /// Token count from which the dense copy is used.
         min_rows: usize,
     },
-    /// Decide at load by measurement: time the first MLP's up and down projections both ways at
-    /// `min_rows`, 4x and 16x as many rows; dense copies are kept, used from the smallest of
-    /// those row counts at which they are at least 15 % faster, if any is and they fit in a
-    /// quarter of the available memory.
+    /// A fixed rule, the same in every process on a machine: dense copies on CPU when the
+    /// projections are 8-bit (Q8_0, as loaded) and the copies fit in a quarter of the
+    /// machine's total memory. Measured on AVX-512 VNNI (`dense-bench`): f32 copies of 8-bit
+    /// weights prefill faster from 128 rows (Qwen2.5-0.5B 180 against 118 tok/s at 512,
+    /// SmolLM2 from 128 rows); copies of 4-bit weights, 7x the bytes, prefill slower
+    /// (Qwen2.5-1.5B Q4_K_M 58 against 90 tok/s).
     Auto {
-        /// Smallest row count probed.
+        /// Token count from which the dense copy is used.
         min_rows: usize,
     },
 }
 
 /// The outcome of [`DenseMode::Auto`] (or the fixed choice) for one loaded model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DenseDecision {
     /// Whether dense copies are kept.
     pub dense: bool,
-    /// Forwards of at least this many tokens use them.
+    /// Prefill forwards of at least this many tokens use them.
     pub min_rows: usize,
-    /// Probe results: (rows, quantized ms, dense ms); empty when not measured.
-    pub probes: Vec<(usize, f64, f64)>,
+    /// Why, in words.
+    pub reason: String,
     /// Bytes the dense copies take (or would take).
     pub bytes: usize,
 }
 
-/// Times `rows` tokens through quantized weights (on the matmul `kernels` picks) and their
-/// dense copies (one warm-up, then best of 3 each), summed over the weights, in ms.
-pub fn probe_dense(
-    weights: &[Arc<QTensor>],
-    rows: usize,
-    kernels: KernelMode,
-) -> Result<(f64, f64)> {
-    let (mut qt, mut dt) = (0.0, 0.0);
-    for q in weights {
-        let (a, b) = probe_one(q, rows, kernels)?;
-        qt += a;
-        dt += b;
-    }
-    Ok((qt, dt))
-}
-
-/// One warm-up call of `f`, then the best of 3 timed calls, in ms.
-fn best_ms(f: &dyn Fn() -> Result<Tensor>) -> Result<f64> {
-    f()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = std::time::Instant::now();
-        f()?;
-        best = best.min(t.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok(best)
-}
-
-fn probe_one(q: &Arc<QTensor>, rows: usize, kernels: KernelMode) -> Result<(f64, f64)> {
-    let (_, cols) = q.shape().dims2()?;
-    let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
-    let quant = Linear::with_kernels(q.clone(), None, DenseMode::Off, kernels)?;
-    let dense = q.dequantize(&q.device())?;
-    let qm = best_ms(&|| quant.forward(&x))?;
-    let dm = best_ms(&|| Ok(x.matmul(&dense.t()?)?))?;
-    Ok((qm, dm))
-}
-
-/// Bytes of memory the OS reports as available (Linux `MemAvailable`), if known.
-pub fn available_memory() -> Option<usize> {
+/// Bytes of memory the machine has (Linux `MemTotal`), if known: fixed for the machine, so
+/// a rule on it decides alike in every process.
+pub fn total_memory() -> Option<usize> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
@@ -115,56 +80,16 @@ pub fn convert_slow(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KernelMode {
-    /// Candle's kernels only.
+    /// Candle's kernels only. Candle picks its kernel by row count (a one-row gemv, tiles,
+    /// AMX from 32 rows where present), so a token's logits then depend on the forward's
+    /// shape: step forwards are not batch-invariant.
     Off,
-    /// The kernels crate for every weight type it implements, whatever the row count.
+    /// The kernels crate for every weight type it implements (Q8_0, Q4_K, Q6_K), at every row
+    /// count: each row is computed alike whatever rows share the call, so step forwards are
+    /// batch-invariant. `auto`, the spelling of earlier versions, reads as this.
     #[default]
+    #[serde(alias = "auto")]
     On,
-    /// Decide per weight type, shape and row class by timing both at load (once per process
-    /// and shape, so every load in a process decides alike); one-row forwards keep candle's.
-    Auto,
-}
-
-/// Row counts a kernel choice is made for: one row (decode), a few rows (batched decode of
-/// the slot streams), many rows (prefill, verification). Probed at these counts.
-pub const ROW_CLASSES: [usize; 3] = [1, 6, 32];
-
-fn row_class(rows: usize) -> usize {
-    match rows {
-        0 | 1 => 0,
-        2..=16 => 1,
-        _ => 2,
-    }
-}
-
-/// The kernel chosen for one weight type and shape.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KernelDecision {
-    /// GGML type name, outputs, inputs.
-    pub shape: (String, usize, usize),
-    /// Per row class ([`ROW_CLASSES`]): whether the kernels crate serves it.
-    pub ours: [bool; 3],
-    /// Probe results per row class: (rows, candle ms, ours ms); empty when not measured.
-    pub probes: Vec<(usize, f64, f64)>,
-}
-
-fn decisions() -> &'static Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>> {
-    static D: OnceLock<Mutex<HashMap<(GgmlDType, usize, usize), KernelDecision>>> = OnceLock::new();
-    D.get_or_init(Default::default)
-}
-
-/// Every kernel decision made in this process so far.
-pub fn kernel_decisions() -> Vec<KernelDecision> {
-    let mut v: Vec<_> = decisions()
-        .lock()
-        .map(|d| d.values().cloned().collect())
-        .unwrap_or_default();
-    v.sort_by(|a, b| {
-        a.shape
-            .partial_cmp(&b.shape)
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
-    v
 }
 
 fn weight_type(d: GgmlDType) -> Option<WeightType> {
@@ -176,12 +101,11 @@ fn weight_type(d: GgmlDType) -> Option<WeightType> {
     }
 }
 
-/// A weight in the kernels crate's layout and the row classes it serves.
+/// A weight in the kernels crate's layout.
 #[derive(Debug)]
 struct Packed {
     matrix: PackedMatrix,
     isa: Isa,
-    ours: [bool; 3],
 }
 
 impl Packed {
@@ -199,21 +123,8 @@ impl Packed {
     }
 }
 
-fn probe_kernels(q: &Arc<QTensor>, packed: &Packed) -> Result<Vec<(usize, f64, f64)>> {
-    let (_, cols) = q.shape().dims2()?;
-    let quant = QMatMul::from_arc(q.clone())?;
-    let mut out = Vec::new();
-    for rows in ROW_CLASSES {
-        let x = Tensor::randn(0f32, 1.0, (rows, cols), &q.device())?;
-        let theirs = best_ms(&|| Ok(quant.forward(&x)?))?;
-        let ours = best_ms(&|| packed.forward(&x))?;
-        out.push((rows, theirs, ours));
-    }
-    Ok(out)
-}
-
-/// The kernels crate's copy of `q` when `mode` and (for `Auto`) measurement choose it for
-/// some row class; `None` keeps candle's kernel for every row count.
+/// The kernels crate's copy of `q` when `mode` asks for it and the kernels implement its
+/// type (CPU only); `None` keeps candle's kernel.
 fn pack(q: &Arc<QTensor>, mode: KernelMode) -> Result<Option<Arc<Packed>>> {
     let Some(ty) = weight_type(q.dtype()) else {
         return Ok(None);
@@ -225,44 +136,29 @@ fn pack(q: &Arc<QTensor>, mode: KernelMode) -> Result<Option<Arc<Packed>>> {
     let Ok(matrix) = PackedMatrix::from_ggml(ty, n, k, &q.data()?) else {
         return Ok(None);
     };
-    let mut packed = Packed {
+    Ok(Some(Arc::new(Packed {
         matrix,
-        isa: Isa::best(),
-        ours: [true; 3],
-    };
-    if mode == KernelMode::Auto {
-        let key = (q.dtype(), n, k);
-        let known = decisions().lock().ok().and_then(|d| d.get(&key).cloned());
-        let decision = match known {
-            Some(d) => d,
-            None => {
-                let probes = probe_kernels(q, &packed)?;
-                // One-row forwards (decode) stay on candle's kernels: a warm-cache probe
-                // favoured ours for some shapes, but whole decode steps were slower with them
-                // on every shipped model (SmolLM2 112 -> 104 tok/s, 0.5B 44.9 -> 39.0,
-                // 1.5B 18.0-18.3 -> 14.1-17.5, `runtime-bench --kernels off|auto`), where the
-                // weights stream from memory between other ops.
-                let mut ours = [false; 3];
-                for (class, (o, (_, theirs, mine))) in ours.iter_mut().zip(&probes).enumerate() {
-                    *o = class > 0 && mine < theirs;
-                }
-                let d = KernelDecision {
-                    shape: (format!("{:?}", q.dtype()), n, k),
-                    ours,
-                    probes,
-                };
-                if let Ok(mut all) = decisions().lock() {
-                    all.insert(key, d.clone());
-                }
-                d
-            }
-        };
-        if !decision.ours.iter().any(|o| *o) {
-            return Ok(None);
+        isa: kernel_isa(),
+    })))
+}
+
+/// The instruction set of the kernels crate's matmuls in this process: the best this CPU
+/// runs, or the one `SPECCOMPACT_KERNEL_ISA` names (`avx512vnni`, `avx2`, `scalar`) when
+/// this CPU runs it, to check another path's numerics on one machine.
+pub fn kernel_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let named = std::env::var("SPECCOMPACT_KERNEL_ISA").ok();
+        let forced = named.as_deref().and_then(|n| {
+            Isa::ALL
+                .into_iter()
+                .find(|i| i.name() == n.trim().to_ascii_lowercase())
+        });
+        match forced {
+            Some(i) if i.available() => i,
+            _ => Isa::best(),
         }
-        packed.ours = decision.ours;
-    }
-    Ok(Some(Arc::new(packed)))
+    })
 }
 
 /// One projection `y = x W^T (+ b)`.
@@ -332,17 +228,27 @@ impl Linear {
             .map_or(0, |(t, _)| t.elem_count() * t.dtype().size_in_bytes())
     }
 
-    /// Applies the projection to `x` of shape (.., in).
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_with(x, true)
+    /// Which kernel serves this projection in a forward of the given pass, in words.
+    pub fn kernel(&self, pass: Pass) -> &'static str {
+        match (&self.dense, &self.packed, pass) {
+            (Some(_), _, Pass::Prefill) => "dense",
+            (_, Some(_), _) => "ours",
+            _ => "candle",
+        }
     }
 
-    /// [`Linear::forward`]; `dense = false` keeps the quantized kernel one-row forwards use,
-    /// whatever the row count (its rows are computed as one-row forwards compute them).
-    pub fn forward_with(&self, x: &Tensor, dense: bool) -> Result<Tensor> {
+    /// Applies the projection to `x` of shape (.., in) as a step forward.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_pass(x, Pass::Step)
+    }
+
+    /// Applies the projection: a [`Pass::Step`] always on the quantized kernel (each row
+    /// computed as a one-row forward computes it); a [`Pass::Prefill`] on the dense copy
+    /// from its row count.
+    pub fn forward_pass(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
-        let y = match &self.dense {
-            Some((w, min_rows)) if dense && rows >= *min_rows => {
+        let y = match (&self.dense, &self.packed) {
+            (Some((w, min_rows)), _) if pass == Pass::Prefill && rows >= *min_rows => {
                 let dims = x.dims().to_vec();
                 let x2 = x.reshape((rows, dims[dims.len() - 1]))?;
                 let y = x2.matmul(&w.t()?)?;
@@ -351,13 +257,8 @@ impl Linear {
                 out[last] = w.dim(0)?;
                 y.reshape(out)?
             }
-            _ => {
-                let class = if dense { row_class(rows) } else { 0 };
-                match &self.packed {
-                    Some(p) if p.ours[class] => p.forward(x)?,
-                    _ => self.weight.forward(x)?,
-                }
-            }
+            (_, Some(p)) => p.forward(x)?,
+            _ => self.weight.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

@@ -14,7 +14,7 @@ pub const DEFAULT_RUNTIME: &str = include_str!("../configs/runtime.toml");
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DenseChoice {
-    /// Measured at load ([`DenseMode::Auto`]).
+    /// By a fixed rule on the weights and the machine ([`DenseMode::Auto`]).
     Auto,
     /// Always ([`DenseMode::On`]).
     On,
@@ -34,12 +34,13 @@ pub struct RuntimeSettings {
     pub prefill_chunk: usize,
     /// Requantize slow quant types to Q8_0 at load.
     pub convert_slow_quants: bool,
-    /// Dense f32 copies of the projection weights: `auto` (measured at load), `on`, `off`.
+    /// Dense f32 copies of the projection weights for prefill: `auto` (a fixed rule), `on`,
+    /// `off`.
     pub dense: DenseChoice,
-    /// Forwards of at least this many tokens use the dense copies.
+    /// Prefill forwards of at least this many tokens use the dense copies.
     pub dense_min_rows: usize,
-    /// Quantized matmul on CPU: `auto` (timed per weight shape and row class at load), `on`
-    /// (the kernels crate wherever it implements the weight type), `off` (candle's).
+    /// Quantized matmul on CPU: `on` (the kernels crate wherever it implements the weight
+    /// type, at every row count; `auto` reads as `on`), `off` (candle's, not batch-invariant).
     pub kernels: KernelMode,
 }
 
@@ -106,7 +107,7 @@ mod tests {
         let s = RuntimeSettings::parse(DEFAULT_RUNTIME, "runtime.toml").unwrap();
         assert_eq!(s, RuntimeSettings::default());
         assert_eq!(s.dense, DenseChoice::Auto);
-        assert_eq!(s.kernels, KernelMode::Auto);
+        assert_eq!(s.kernels, KernelMode::On);
         assert_eq!(s.prefill_chunk, 512);
     }
 
@@ -124,8 +125,10 @@ mod tests {
         assert_eq!(s.load_options().dense, DenseMode::On { min_rows: 16 });
         assert_eq!(
             RuntimeSettings::default().load_options().dense,
-            DenseMode::Auto { min_rows: 32 }
+            DenseMode::Auto { min_rows: 128 }
         );
+        let s = RuntimeSettings::parse("kernels = \"auto\"", "k").unwrap();
+        assert_eq!(s.load_options().kernels, KernelMode::On);
         let s = RuntimeSettings::parse("kernels = \"off\"", "k").unwrap();
         assert_eq!(s.load_options().kernels, KernelMode::Off);
         let e = RuntimeSettings::parse("kernels = \"fast\"", "k.toml")

@@ -1,13 +1,12 @@
 //! Building a decoder's parts from a weight source: checked shapes, slow quant types
-//! converted, and the dense-copy decision timed at load.
+//! converted, and the dense-copy decision by its fixed rule.
 
 use super::{LoadOptions, RmsNorm};
 use crate::config::ModelConfig;
-use crate::linear::{
-    available_memory, convert_slow, probe_dense, DenseDecision, DenseMode, Linear,
-};
+use crate::linear::{convert_slow, total_memory, DenseDecision, DenseMode, Linear};
 use crate::weights::{Param, Weight, WeightSource};
 use crate::{Error, Result};
+use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
 pub(super) struct Loader<'a> {
@@ -79,17 +78,15 @@ pub(super) fn projection_elems(cfg: &ModelConfig) -> usize {
     per_layer * cfg.num_layers + cfg.vocab_size * h
 }
 
-/// Resolves [`DenseMode::Auto`] into on or off by timing the first MLP's up and down
-/// projections.
+/// Resolves [`DenseMode::Auto`] into on or off by its fixed rule.
 pub(super) fn decide_dense(
     src: &mut dyn WeightSource,
     cfg: &ModelConfig,
     opts: LoadOptions,
     device: &Device,
 ) -> Result<(DenseMode, DenseDecision)> {
-    let mode = opts.dense;
     let bytes = projection_elems(cfg) * 4;
-    let fixed = |mode: DenseMode| {
+    let decided = |mode: DenseMode, reason: String| {
         let (dense, min_rows) = match mode {
             DenseMode::On { min_rows } => (true, min_rows),
             _ => (false, 0),
@@ -99,62 +96,45 @@ pub(super) fn decide_dense(
             DenseDecision {
                 dense,
                 min_rows,
-                probes: Vec::new(),
+                reason,
                 bytes,
             },
         ))
     };
-    let min_rows = match mode {
-        DenseMode::Off | DenseMode::On { .. } => return fixed(mode),
+    let min_rows = match opts.dense {
+        DenseMode::Off => return decided(DenseMode::Off, "dense = off".into()),
+        DenseMode::On { min_rows } => {
+            return decided(opts.dense, format!("dense = on from {min_rows} rows"))
+        }
         DenseMode::Auto { min_rows } => min_rows.max(1),
     };
-    let mut probe = Vec::new();
+    if !device.is_cpu() {
+        return decided(DenseMode::Off, "not on CPU".into());
+    }
     for p in [Param::Up(0), Param::Down(0)] {
-        match src.get(p)? {
-            Some(Weight::Quant(q)) if device.is_cpu() => probe.push(convert_slow(q)?),
-            // Dense checkpoints are dense already; on GPUs quantized kernels are not the
-            // bottleneck.
-            _ => return fixed(DenseMode::Off),
+        let dtype = match src.get(p)? {
+            Some(Weight::Quant(q)) => convert_slow(q)?.dtype(),
+            _ => return decided(DenseMode::Off, "dense weights already".into()),
+        };
+        if dtype != GgmlDType::Q8_0 {
+            return decided(
+                DenseMode::Off,
+                format!("{dtype:?} projections: f32 copies are slower than their kernels"),
+            );
         }
     }
-    let fits = available_memory().is_none_or(|avail| bytes <= avail / 4);
-    let mut probes = Vec::new();
-    let mut chosen = None;
-    if fits {
-        for rows in [min_rows, 4 * min_rows, 16 * min_rows] {
-            let (q, d) = probe_dense(&probe, rows, opts.kernels)?;
-            probes.push((rows, q, d));
-            if d * 1.15 < q {
-                chosen = Some(rows);
-                break;
-            }
-        }
-    }
-    tracing::info!(
-        ?probes,
-        bytes,
-        fits,
-        ?chosen,
-        "dense weights for many-token forwards"
-    );
-    Ok(match chosen {
-        Some(rows) => (
-            DenseMode::On { min_rows: rows },
-            DenseDecision {
-                dense: true,
-                min_rows: rows,
-                probes,
-                bytes,
-            },
-        ),
-        None => (
+    match total_memory() {
+        Some(total) if bytes > total / 4 => decided(
             DenseMode::Off,
-            DenseDecision {
-                dense: false,
-                min_rows: 0,
-                probes,
-                bytes,
-            },
+            format!(
+                "copies of {} MiB exceed a quarter of the machine's {} MiB",
+                bytes >> 20,
+                total >> 20
+            ),
         ),
-    })
+        _ => decided(
+            DenseMode::On { min_rows },
+            format!("8-bit projections: f32 copies from {min_rows} rows"),
+        ),
+    }
 }
