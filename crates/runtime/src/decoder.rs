@@ -13,6 +13,7 @@ mod positions;
 use crate::cache::Sequence;
 use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::linear::{DenseDecision, DenseMode, KernelMode, Linear};
+pub use crate::pass::Pass;
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::Content;
@@ -55,20 +56,6 @@ pub enum LogitsAt {
     /// Chosen new-token indices per row (in row order; each index below the row's new token
     /// count), in the order given.
     At(Vec<Vec<usize>>),
-}
-
-/// How a forward computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
-    /// Prefill of a long text in chunks ([`Decoder::extend`]): the fastest kernels (dense
-    /// weight copies from their row count, batched matmul attention), whose operation order
-    /// depends on the chunk's shape.
-    Prefill,
-    /// Every other forward (decode steps, prompts of requests, verification of drafted
-    /// tokens): batch-invariant on CPU. Each token's logits are bitwise the same whatever
-    /// rows and tokens share the forward: projections on one quantized kernel whose rows are
-    /// computed alike at any row count, attention per query in a fixed order.
-    Step,
 }
 
 /// One row of a batched forward: a sequence and the new tokens to append to it.

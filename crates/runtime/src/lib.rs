@@ -13,6 +13,7 @@ mod error;
 pub mod generate;
 pub mod linear;
 pub mod model;
+pub mod pass;
 pub mod settings;
 // Tiny random-weight models for tests and benchmarks: `cfg(test)` here, feature `testing` elsewhere.
 #[cfg(any(test, feature = "testing"))]

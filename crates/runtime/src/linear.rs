@@ -2,7 +2,7 @@
 //! forwards, the choice between candle's quantized matmul and the kernels crate's, and the
 //! load-time conversion of quant types that have no fast kernel.
 
-use crate::decoder::Pass;
+use crate::pass::Pass;
 use crate::weights::Weight;
 use crate::Result;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
