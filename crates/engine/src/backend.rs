@@ -269,6 +269,11 @@ pub trait Backend: Send + Sync {
     fn count_tokens(&self, text: &str) -> Result<usize>;
     /// Whether the model runs on a GPU (drafter/target overlap pays off there).
     fn is_gpu(&self) -> bool;
+    /// How the model computes (kernels, dense copies, batch invariance), for traces; empty
+    /// when the backend has nothing to say.
+    fn numerics(&self) -> String {
+        String::new()
+    }
     /// Prefills `text` as a shared prefix; the positions it shares with `base` (longest
     /// common prefix of their tokens) are taken from `base`, not computed again.
     fn prefill(&self, text: &str, base: Option<&Self::Prefix>) -> Result<Prefilled<Self::Prefix>>;
@@ -297,6 +302,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn format(&self) -> &ChatFormat {
         (**self).format()
+    }
+    fn numerics(&self) -> String {
+        (**self).numerics()
     }
     fn context_length(&self) -> usize {
         (**self).context_length()

@@ -390,6 +390,14 @@ impl<B: Backend + 'static> Compactor<B> {
         };
         let markdown = markdown(&slots);
         let mut trace = job.trace;
+        for (role, n) in [
+            ("target", inner.target.numerics()),
+            ("drafter", inner.drafter.numerics()),
+        ] {
+            if !n.is_empty() {
+                trace.numerics.insert(role.into(), n);
+            }
+        }
         trace.summary_tokens = inner.target.count_tokens(&markdown)?;
         trace.acceptance_rate = if trace.lines_proposed > 0 {
             trace.lines_accepted as f64 / trace.lines_proposed as f64

@@ -359,6 +359,10 @@ impl Backend for ModelBackend {
         self.model.decoder.config().context_length
     }
 
+    fn numerics(&self) -> String {
+        self.model.decoder.numerics()
+    }
+
     fn count_tokens(&self, text: &str) -> Result<usize> {
         if text.len() < MEMO_MIN_BYTES {
             return Ok(self.model.tokenizer.encode(text, false)?.len());

@@ -210,6 +210,10 @@ pub struct Trace {
     /// Messages each slot view left out, per slot (empty without views).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub view_omitted_messages: Vec<usize>,
+    /// How each model computed (`target`, `drafter`): kernels, dense copies, batch
+    /// invariance; what makes the same command give the same summary.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub numerics: std::collections::BTreeMap<String, String>,
     /// Stages run for a history longer than the target's context (empty: one stage).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<Stage>,

@@ -8,6 +8,7 @@
 mod attention;
 mod batched;
 mod load;
+mod numerics;
 mod positions;
 
 use crate::cache::Sequence;

@@ -154,9 +154,22 @@ pub fn kernel_isa() -> Isa {
                 .into_iter()
                 .find(|i| i.name() == n.trim().to_ascii_lowercase())
         });
-        match forced {
-            Some(i) if i.available() => i,
-            _ => Isa::best(),
+        match (named, forced) {
+            (_, Some(i)) if i.available() => i,
+            (Some(n), f) => {
+                let best = Isa::best();
+                tracing::warn!(
+                    "SPECCOMPACT_KERNEL_ISA={n}: {}; using {}",
+                    if f.is_some() {
+                        "not available on this CPU"
+                    } else {
+                        "unknown (avx512vnni, avx2 or scalar)"
+                    },
+                    best.name()
+                );
+                best
+            }
+            (None, _) => Isa::best(),
         }
     })
 }
