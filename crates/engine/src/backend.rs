@@ -274,6 +274,11 @@ pub trait Backend: Send + Sync {
     fn numerics(&self) -> String {
         String::new()
     }
+    /// Totals of the model's token lookup since it was loaded (`None`: the backend drafts
+    /// nothing from the text).
+    fn lookup(&self) -> Option<speccompact_runtime::LookupCounters> {
+        None
+    }
     /// Prefills `text` as a shared prefix; the positions it shares with `base` (longest
     /// common prefix of their tokens) are taken from `base`, not computed again.
     fn prefill(&self, text: &str, base: Option<&Self::Prefix>) -> Result<Prefilled<Self::Prefix>>;
@@ -305,6 +310,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn numerics(&self) -> String {
         (**self).numerics()
+    }
+    fn lookup(&self) -> Option<speccompact_runtime::LookupCounters> {
+        (**self).lookup()
     }
     fn context_length(&self) -> usize {
         (**self).context_length()

@@ -291,6 +291,7 @@ impl<B: Backend + 'static> Compactor<B> {
         let t0 = Instant::now();
         let inner = &*self.inner;
         let cfg = &inner.config;
+        let lookup_before = [inner.target.lookup(), inner.drafter.lookup()];
         let fitted = self.fit(history, method)?;
         let (transcript, omitted) = (fitted.text, fitted.omitted);
         let overlap = match cfg.overlap {
@@ -396,6 +397,15 @@ impl<B: Backend + 'static> Compactor<B> {
         ] {
             if !n.is_empty() {
                 trace.numerics.insert(role.into(), n);
+            }
+        }
+        let lookup_after = [inner.target.lookup(), inner.drafter.lookup()];
+        for (role, (before, after)) in ["target", "drafter"]
+            .into_iter()
+            .zip(lookup_before.iter().zip(&lookup_after))
+        {
+            if let (Some(b), Some(a)) = (before, after) {
+                trace.lookup.insert(role.into(), a.since(b));
             }
         }
         trace.summary_tokens = inner.target.count_tokens(&markdown)?;

@@ -363,6 +363,10 @@ impl Backend for ModelBackend {
         self.model.decoder.numerics()
     }
 
+    fn lookup(&self) -> Option<speccompact_runtime::LookupCounters> {
+        Some(self.model.decoder.lookup().counters())
+    }
+
     fn count_tokens(&self, text: &str) -> Result<usize> {
         if text.len() < MEMO_MIN_BYTES {
             return Ok(self.model.tokenizer.encode(text, false)?.len());

@@ -214,6 +214,10 @@ pub struct Trace {
     /// invariance; what makes the same command give the same summary.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub numerics: std::collections::BTreeMap<String, String>,
+    /// Token lookup in this compaction's decodes, per model (`target`, `drafter`): proposed
+    /// tokens fed, tokens kept (each one a forward saved), forwards that carried proposals.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub lookup: std::collections::BTreeMap<String, speccompact_runtime::LookupCounters>,
     /// Stages run for a history longer than the target's context (empty: one stage).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<Stage>,

@@ -25,7 +25,7 @@ impl ChatMessage {
 }
 
 /// A compiled chat template.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
     bos: String,

@@ -14,6 +14,7 @@ mod positions;
 use crate::cache::Sequence;
 use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::linear::{DenseDecision, DenseMode, KernelMode, Linear};
+use crate::lookup::{Lookup, LookupMode};
 pub use crate::pass::Pass;
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
@@ -35,6 +36,8 @@ pub struct LoadOptions {
     pub dense: DenseMode,
     /// Which quantized matmul serves CPU projections.
     pub kernels: KernelMode,
+    /// Whether decodes draft tokens from the text ([`crate::lookup`]).
+    pub lookup: LookupMode,
 }
 
 impl Default for LoadOptions {
@@ -43,6 +46,7 @@ impl Default for LoadOptions {
             convert_slow_quants: true,
             dense: DenseMode::Off,
             kernels: KernelMode::On,
+            lookup: LookupMode::Off,
         }
     }
 }
@@ -137,6 +141,7 @@ pub struct Decoder {
     max_positions: usize,
     dense: DenseDecision,
     device: Device,
+    lookup: Arc<Lookup>,
 }
 
 impl Decoder {
@@ -221,7 +226,7 @@ impl Decoder {
             });
         }
         let norm = g.norm(Param::FinalNorm, h, eps)?;
-        Ok(Self {
+        let mut decoder = Self {
             max_positions: ropes[0].cos.dim(0)?,
             dense: decision,
             cfg,
@@ -231,7 +236,23 @@ impl Decoder {
             lm_head,
             ropes,
             device: device.clone(),
-        })
+            lookup: Arc::new(Lookup::new(LookupMode::Off, false)),
+        };
+        decoder.lookup = Arc::new(Lookup::new(opts.lookup, decoder.batch_invariant()));
+        Ok(decoder)
+    }
+
+    /// The same model with a fresh lookup in `mode` (weights shared).
+    pub fn with_lookup(&self, mode: LookupMode) -> Self {
+        Self {
+            lookup: Arc::new(Lookup::new(mode, self.batch_invariant())),
+            ..self.clone()
+        }
+    }
+
+    /// This model's lookup: mode, cost model and counters.
+    pub fn lookup(&self) -> &Lookup {
+        &self.lookup
     }
 
     /// The model's configuration.

@@ -216,7 +216,7 @@ pub fn greedy_rows_gated(
     let mut scores: Vec<Vec<TokenScore>> = vec![Vec::new(); n];
     let mut top: Vec<Vec<(u32, f32)>> = vec![Vec::new(); n];
     let mut gen: Vec<Vec<u32>> = vec![Vec::new(); n];
-    let mut done: Vec<Option<(StopReason, Option<u32>, String)>> = vec![None; n];
+    let mut done: Vec<Option<Ending>> = vec![None; n];
     let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
     // Lines of each row already shown to `on_line`.
     let mut judged_lines: Vec<usize> = vec![0; n];
@@ -225,6 +225,7 @@ pub fn greedy_rows_gated(
             *d = Some((StopReason::MaxTokens, None, String::new()));
         }
     }
+    let lookup = decoder.lookup();
     loop {
         let active: Vec<usize> = (0..n).filter(|&i| done[i].is_none()).collect();
         if active.is_empty() {
@@ -246,36 +247,64 @@ pub fn greedy_rows_gated(
         if active.is_empty() {
             break;
         }
+        // Tokens proposed after each decoding row's next token (lookup); none on the first
+        // step, whose prompts are read whole.
+        let drafts: Vec<(Vec<u32>, usize)> =
+            if lookup.active() && active.iter().all(|&i| !gen[i].is_empty()) {
+                let contexts: Vec<Vec<u32>> = active
+                    .iter()
+                    .map(|&i| {
+                        let mut c = seqs[i].tokens();
+                        c.extend_from_slice(&next[i]);
+                        c
+                    })
+                    .collect();
+                let room: Vec<usize> = active
+                    .iter()
+                    .map(|&i| {
+                        let budget = rules[i].max_new_tokens + rules[i].line_grace;
+                        let left = budget.saturating_sub(gen[i].len() + 1);
+                        left.min(ctx.saturating_sub(seqs[i].len() + next[i].len()))
+                    })
+                    .collect();
+                lookup.propose(&contexts, &room)
+            } else {
+                vec![(Vec::new(), 0); active.len()]
+            };
+        let fed: Vec<Vec<u32>> = active
+            .iter()
+            .zip(&drafts)
+            .map(|(&i, (d, _))| [next[i].as_slice(), d].concat())
+            .collect();
+        let before: Vec<usize> = active.iter().map(|&i| seqs[i].len()).collect();
         let logits = {
             let mut rows: Vec<Row<'_>> = Vec::with_capacity(active.len());
             let mut pool: Vec<Option<&mut Sequence>> =
                 seqs.iter_mut().map(|s| Some(&mut **s)).collect();
-            for &i in &active {
+            for (&i, tokens) in active.iter().zip(&fed) {
                 let seq = pool[i]
                     .take()
                     .ok_or_else(|| Error::InvalidRequest("row used twice".into()))?;
-                rows.push(Row {
-                    seq,
-                    tokens: &next[i],
-                });
+                rows.push(Row { seq, tokens });
             }
             // The first step of a scoring row also returns the positions before its scored
-            // tokens.
+            // tokens; a drafted row returns every position.
             let spans: Vec<Option<std::ops::Range<usize>>> = active
                 .iter()
                 .map(|&i| rules[i].score_span.clone().filter(|_| gen[i].is_empty()))
                 .collect();
-            let at = if spans.iter().any(Option::is_some) {
+            let drafted = drafts.iter().any(|d| !d.0.is_empty());
+            let at = if spans.iter().any(Option::is_some) || drafted {
                 LogitsAt::At(
-                    active
-                        .iter()
+                    fed.iter()
                         .zip(&spans)
-                        .map(|(&i, span)| {
-                            let last = next[i].len() - 1;
+                        .zip(&drafts)
+                        .map(|((f, span), (d, _))| {
+                            let last = f.len() - 1;
                             let mut ix: Vec<usize> = span
                                 .clone()
                                 .map_or(Vec::new(), |s| (s.start - 1..s.end - 1).collect());
-                            ix.push(last);
+                            ix.extend(last - d.len()..=last);
                             ix
                         })
                         .collect(),
@@ -283,7 +312,13 @@ pub fn greedy_rows_gated(
             } else {
                 LogitsAt::Last
             };
+            let computed = padded_tokens(&rows);
+            let started = std::time::Instant::now();
             let mut out = decoder.forward(&mut rows, at)?;
+            lookup.record_forward(computed, started.elapsed().as_secs_f64());
+            if drafted {
+                lookup.record_draft_forward();
+            }
             for ((&i, span), l) in active.iter().zip(&spans).zip(out.iter_mut()) {
                 if let Some(span) = span {
                     let k = span.end - span.start;
@@ -294,76 +329,49 @@ pub fn greedy_rows_gated(
             }
             out
         };
-        for (&i, l) in active.iter().zip(&logits) {
-            let rules = &rules[i];
-            if gen[i].is_empty() {
-                first(i, l)?;
-                if rules.top_k > 0 {
-                    top[i] = top_k(l, rules.top_k)?;
-                }
-            }
-            let t = if rules.line_masks.is_empty() {
-                argmax(l)?
-            } else {
-                let text = tok.decode(&gen[i])?;
-                let line = text.rsplit('\n').next().unwrap_or("");
-                match rules.line_masks.iter().find(|m| m.line == line) {
-                    Some(m) => masked_argmax(l, &m.banned)?,
-                    None => argmax(l)?,
-                }
-            };
-            if rules.stop_tokens.contains(&t) {
-                done[i] = Some((StopReason::StopToken, Some(t), tok.decode(&gen[i])?));
-                continue;
-            }
-            let newline = tok.has_newline(t);
-            if rules.stop_at_newline && newline {
-                let mut with = gen[i].clone();
-                with.push(t);
-                let full = tok.decode(&with)?;
-                let cut = full.split('\n').next().unwrap_or("").to_string();
-                done[i] = Some((StopReason::Newline, Some(t), cut));
-                continue;
-            }
-            gen[i].push(t);
-            if newline {
-                let full = tok.decode(&gen[i])?;
-                let lines: Vec<&str> = full.split('\n').collect();
-                let complete = lines.len() - 1;
-                let mut stopped = None;
-                for (k, line) in lines
-                    .iter()
-                    .enumerate()
-                    .take(complete)
-                    .skip(judged_lines[i])
-                {
-                    if on_line(i, line) == LineVerdict::Stop {
-                        stopped = Some(k);
-                        break;
+        for (slot, (&i, l)) in active.iter().zip(&logits).enumerate() {
+            let (draft, matched) = &drafts[slot];
+            // Logits positions read: the next token's, then one per drafted token kept.
+            let (mut used, mut reached, mut kept) = (0, 0, 0);
+            loop {
+                let l = if draft.is_empty() {
+                    l.clone()
+                } else {
+                    l.narrow(0, used, 1)?
+                };
+                used += 1;
+                if gen[i].is_empty() {
+                    first(i, &l)?;
+                    if rules[i].top_k > 0 {
+                        top[i] = top_k(&l, rules[i].top_k)?;
                     }
                 }
-                judged_lines[i] = complete;
-                if let Some(k) = stopped {
-                    let mut text = lines[..=k].join("\n");
-                    text.push('\n');
-                    done[i] = Some((StopReason::LineRejected, None, text));
-                    continue;
+                let t = choose(tok, &rules[i], &gen[i], &l)?;
+                let mut judge = |line: &str| on_line(i, line);
+                let row = RowText {
+                    gen: &mut gen[i],
+                    judged_lines: &mut judged_lines[i],
+                };
+                if let Some(end) = row.take(tok, &rules[i], t, &mut judge)? {
+                    done[i] = Some(end);
+                    break;
                 }
-                // Past the budget, a line finished in the grace ends the row.
-                if gen[i].len() >= rules.max_new_tokens {
-                    done[i] = Some((StopReason::MaxTokens, None, full));
-                    continue;
+                if used <= draft.len() {
+                    reached += 1;
+                    if draft[used - 1] == t {
+                        // Already fed: its logits are the next position's.
+                        kept += 1;
+                        continue;
+                    }
                 }
+                next[i] = vec![t];
+                break;
             }
-            if gen[i].len() >= rules.max_new_tokens {
-                let over = gen[i].len() - rules.max_new_tokens;
-                let mid_line = rules.line_grace > over && !tok.decode(&gen[i])?.ends_with('\n');
-                if !mid_line {
-                    done[i] = Some((StopReason::MaxTokens, None, tok.decode(&gen[i])?));
-                    continue;
-                }
+            if !draft.is_empty() {
+                // The cache keeps the next token and the kept drafted ones.
+                seqs[i].truncate(before[slot] + used)?;
+                lookup.record_draft(*matched, draft.len(), reached, kept);
             }
-            next[i] = vec![t];
         }
     }
     let mut out = Vec::with_capacity(n);
@@ -388,6 +396,96 @@ pub fn greedy_rows_gated(
         });
     }
     Ok(out)
+}
+
+/// How a row ended: the reason, the token that ended it, its text.
+type Ending = (StopReason, Option<u32>, String);
+
+/// The row's greedy token under `logits`, outside the tokens masked at its current line.
+fn choose(tok: &Tokenizer, rules: &StopRules, gen: &[u32], logits: &Tensor) -> Result<u32> {
+    if rules.line_masks.is_empty() {
+        return argmax(logits);
+    }
+    let text = tok.decode(gen)?;
+    let line = text.rsplit('\n').next().unwrap_or("");
+    match rules.line_masks.iter().find(|m| m.line == line) {
+        Some(m) => masked_argmax(logits, &m.banned),
+        None => argmax(logits),
+    }
+}
+
+/// A row's generated tokens and how many of its lines the caller has judged.
+struct RowText<'a> {
+    gen: &'a mut Vec<u32>,
+    judged_lines: &'a mut usize,
+}
+
+impl RowText<'_> {
+    /// Applies the stop rules to the row's next token `t`: `Some` when the row ends (the
+    /// token is then kept or not as the rule says), `None` when `t` was appended and the
+    /// row goes on.
+    fn take(
+        self,
+        tok: &Tokenizer,
+        rules: &StopRules,
+        t: u32,
+        on_line: &mut dyn FnMut(&str) -> LineVerdict,
+    ) -> Result<Option<Ending>> {
+        let gen = self.gen;
+        if rules.stop_tokens.contains(&t) {
+            return Ok(Some((StopReason::StopToken, Some(t), tok.decode(gen)?)));
+        }
+        let newline = tok.has_newline(t);
+        if rules.stop_at_newline && newline {
+            let mut with = gen.clone();
+            with.push(t);
+            let full = tok.decode(&with)?;
+            let cut = full.split('\n').next().unwrap_or("").to_string();
+            return Ok(Some((StopReason::Newline, Some(t), cut)));
+        }
+        gen.push(t);
+        if newline {
+            let full = tok.decode(gen)?;
+            let lines: Vec<&str> = full.split('\n').collect();
+            let complete = lines.len() - 1;
+            let stopped =
+                (*self.judged_lines..complete).find(|&k| on_line(lines[k]) == LineVerdict::Stop);
+            *self.judged_lines = complete;
+            if let Some(k) = stopped {
+                let mut text = lines[..=k].join("\n");
+                text.push('\n');
+                return Ok(Some((StopReason::LineRejected, None, text)));
+            }
+            // Past the budget, a line finished in the grace ends the row.
+            if gen.len() >= rules.max_new_tokens {
+                return Ok(Some((StopReason::MaxTokens, None, full)));
+            }
+        }
+        if gen.len() >= rules.max_new_tokens {
+            let over = gen.len() - rules.max_new_tokens;
+            let mid_line = rules.line_grace > over && !tok.decode(gen)?.ends_with('\n');
+            if !mid_line {
+                return Ok(Some((StopReason::MaxTokens, None, tok.decode(gen)?)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Positions a batched forward computes: rows sharing a prefix are padded to the longest.
+fn padded_tokens(rows: &[Row<'_>]) -> usize {
+    let mut groups: Vec<(Option<u64>, usize, usize)> = Vec::new();
+    for r in rows {
+        let key = r.seq.prefix().map(|p| p.id());
+        match groups.iter_mut().find(|g| g.0 == key) {
+            Some(g) => {
+                g.1 += 1;
+                g.2 = g.2.max(r.tokens.len());
+            }
+            None => groups.push((key, 1, r.tokens.len())),
+        }
+    }
+    groups.iter().map(|g| g.1 * g.2).sum()
 }
 
 /// The `k` most likely tokens of a logits vector, most likely first (ties: lower id first),

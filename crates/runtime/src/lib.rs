@@ -12,6 +12,7 @@ pub mod device;
 mod error;
 pub mod generate;
 pub mod linear;
+pub mod lookup;
 pub mod model;
 pub mod pass;
 pub mod settings;
@@ -32,6 +33,7 @@ pub use generate::{
     StopRules, TokenScore,
 };
 pub use linear::{kernel_isa, DenseDecision, DenseMode, KernelMode};
+pub use lookup::{Lookup, LookupCounters, LookupMode};
 pub use model::{read_gguf, Model};
 pub use settings::{DenseChoice, RuntimeSettings, DEFAULT_RUNTIME};
 pub use tokenizer::Tokenizer;

@@ -12,7 +12,7 @@ use candle_core::Device;
 use std::path::{Path, PathBuf};
 
 /// Decoder + tokenizer + chat template of one model.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Model {
     /// The network.
     pub decoder: Decoder,
@@ -59,6 +59,14 @@ pub fn read_gguf(path: &Path) -> Result<(Content, std::fs::File)> {
 }
 
 impl Model {
+    /// The same model (weights shared) whose decodes use a fresh lookup in `mode`.
+    pub fn with_lookup(&self, mode: crate::LookupMode) -> Model {
+        Model {
+            decoder: self.decoder.with_lookup(mode),
+            ..self.clone()
+        }
+    }
+
     /// Loads a model from a GGUF file or a Hugging Face model folder.
     pub fn load(path: &Path, device: &Device, opts: LoadOptions) -> Result<Self> {
         if path.is_dir() {

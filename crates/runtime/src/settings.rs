@@ -3,6 +3,7 @@
 
 use crate::decoder::LoadOptions;
 use crate::linear::{DenseMode, KernelMode};
+use crate::lookup::LookupMode;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -42,6 +43,9 @@ pub struct RuntimeSettings {
     /// Quantized matmul on CPU: `on` (the kernels crate wherever it implements the weight
     /// type, at every row count; `auto` reads as `on`), `off` (candle's, not batch-invariant).
     pub kernels: KernelMode,
+    /// Token speculation from the text in every decode: `auto` (where the measured cost
+    /// model says it pays, on batch-invariant models only), `on`, `off`.
+    pub lookup: LookupMode,
 }
 
 /// The built-in settings ([`DEFAULT_RUNTIME`]).
@@ -94,6 +98,7 @@ impl RuntimeSettings {
                 },
             },
             kernels: self.kernels,
+            lookup: self.lookup,
         }
     }
 }
@@ -109,6 +114,7 @@ mod tests {
         assert_eq!(s.dense, DenseChoice::Auto);
         assert_eq!(s.kernels, KernelMode::On);
         assert_eq!(s.prefill_chunk, 512);
+        assert_eq!(s.load_options().lookup, LookupMode::Auto);
     }
 
     #[test]
@@ -135,6 +141,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("k.toml") && e.contains("fast"), "{e}");
+        let s = RuntimeSettings::parse("lookup = \"off\"", "l").unwrap();
+        assert_eq!(s.load_options().lookup, LookupMode::Off);
+        let e = RuntimeSettings::parse("lookup = \"always\"", "l.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("l.toml") && e.contains("always"), "{e}");
         let e = RuntimeSettings::parse("dense = \"maybe\"", "w.toml")
             .unwrap_err()
             .to_string();

@@ -16,10 +16,9 @@ impl Decoder {
             .collect();
         kernels.sort_unstable();
         kernels.dedup();
-        let ours = kernels == ["ours"];
-        let invariant = ours && self.device.is_cpu();
+        let invariant = self.batch_invariant();
         format!(
-            "step kernels: {}{}; prefill dense copies: {} ({}); step forwards batch-invariant: {}",
+            "step kernels: {}{}; prefill dense copies: {} ({}); step forwards batch-invariant: {}; lookup: {}",
             kernels.join("+"),
             if kernels.contains(&"ours") {
                 format!(" ({})", crate::linear::kernel_isa().name())
@@ -32,7 +31,24 @@ impl Decoder {
                 "off".into()
             },
             self.dense.reason,
-            if invariant { "yes" } else { "no" }
+            if invariant { "yes" } else { "no" },
+            match (self.lookup.mode(), self.lookup.active()) {
+                (mode, true) => mode.name().to_string(),
+                (mode, false) if mode != crate::LookupMode::Off => format!("{} (inactive)", mode.name()),
+                _ => "off".into(),
+            }
         )
+    }
+
+    /// Whether a token's step-forward logits are bitwise the same whatever rows and tokens
+    /// share its forward: every projection on the kernels crate, on a CPU.
+    pub fn batch_invariant(&self) -> bool {
+        self.device.is_cpu()
+            && self
+                .blocks
+                .iter()
+                .flat_map(|b| [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down])
+                .chain([&self.lm_head])
+                .all(|l| l.kernel(Pass::Step) == "ours")
     }
 }
