@@ -8,7 +8,7 @@ use speccompact_engine::{
     RequestKind, Response,
 };
 use speccompact_history::{parse_sessions, parse_value, History};
-use speccompact_runtime::{Architecture, LoadOptions, Model};
+use speccompact_runtime::{Architecture, Model};
 use speccompact_tests::real_model;
 use std::sync::Arc;
 
