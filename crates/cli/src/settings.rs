@@ -26,6 +26,9 @@ pub struct RuntimeArgs {
     /// Device: `cpu` or `cuda:N`.
     #[arg(long, global = true)]
     pub device: Option<String>,
+    /// Token lookup in every decode: `auto`, `on` or `off` (see configs/runtime.toml).
+    #[arg(long, global = true)]
+    pub lookup: Option<speccompact_runtime::LookupMode>,
 }
 
 impl RuntimeArgs {
@@ -38,6 +41,9 @@ impl RuntimeArgs {
         }
         if let Some(d) = &self.device {
             settings.device = d.clone();
+        }
+        if let Some(l) = self.lookup {
+            settings.lookup = l;
         }
         set_threads(settings.threads)?;
         Ok(settings)
