@@ -5,7 +5,10 @@
 //! `SPECCOMPACT_REQUIRE_MODELS=1` (as in CI) a missing model fails the test; otherwise the
 //! test prints that it was skipped.
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
+use speccompact_runtime::synthetic::TinyModel;
+use speccompact_runtime::Architecture;
 use speccompact_store::{Status, Store};
 use std::path::PathBuf;
 
@@ -93,4 +96,29 @@ pub fn tiny_backend_with_context(
         prefill_chunk,
     )
     .expect("tiny backend")
+}
+
+/// One tiny model per architecture (Q8_0) plus a Q4_K qwen2 with an untied output and a Q6_K
+/// llama: the weight types and layouts every numerical property is checked on.
+pub fn tiny_model_variety() -> Vec<TinyModel> {
+    let mut kq = TinyModel::new(Architecture::Qwen2);
+    kq.hidden = 256;
+    kq.ffn = 512;
+    kq.dtype = GgmlDType::Q4K;
+    kq.untied_output = true;
+    let mut q6 = TinyModel::new(Architecture::Llama);
+    q6.hidden = 256;
+    q6.ffn = 512;
+    q6.dtype = GgmlDType::Q6K;
+    let mut out: Vec<TinyModel> = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Gemma3,
+    ]
+    .into_iter()
+    .map(TinyModel::new)
+    .collect();
+    out.extend([kq, q6]);
+    out
 }

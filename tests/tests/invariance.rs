@@ -3,14 +3,13 @@
 //! x 32 tokens over a shared prefix; the same compaction twice in one process, with the
 //! models loaded afresh (kernel and dense choices made again), is byte-identical.
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 use speccompact_engine::{CompactionConfig, Compactor, Method, ModelBackend};
 use speccompact_history::parse_value;
 use speccompact_runtime::settings::RuntimeSettings;
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{Architecture, LoadOptions, LogitsAt, Model, Row, Sequence};
-use speccompact_tests::tokens;
+use speccompact_tests::{tiny_model_variety, tokens};
 use std::sync::Arc;
 
 type R<T> = anyhow::Result<T>;
@@ -23,33 +22,10 @@ fn bits(t: &Tensor) -> R<Vec<u32>> {
         .collect())
 }
 
-fn models() -> Vec<TinyModel> {
-    let mut kq = TinyModel::new(Architecture::Qwen2);
-    kq.hidden = 256;
-    kq.ffn = 512;
-    kq.dtype = GgmlDType::Q4K;
-    kq.untied_output = true;
-    let mut q6 = TinyModel::new(Architecture::Llama);
-    q6.hidden = 256;
-    q6.ffn = 512;
-    q6.dtype = GgmlDType::Q6K;
-    let mut out: Vec<TinyModel> = [
-        Architecture::Llama,
-        Architecture::Qwen2,
-        Architecture::Qwen3,
-        Architecture::Gemma3,
-    ]
-    .into_iter()
-    .map(TinyModel::new)
-    .collect();
-    out.extend([kq, q6]);
-    out
-}
-
 #[test]
 fn a_tokens_logits_are_bitwise_equal_alone_and_in_a_batch_of_6_rows_by_32_tokens() -> R<()> {
     let dir = tempfile::tempdir()?;
-    for (k, spec) in models().into_iter().enumerate() {
+    for (k, spec) in tiny_model_variety().into_iter().enumerate() {
         let path = dir.path().join(format!("m{k}.gguf"));
         spec.write(&path)?;
         let m = Model::load(&path, &Device::Cpu, LoadOptions::default())?;

@@ -6,7 +6,6 @@
 //! by the next token's logits, max absolute difference 1e-5 (step forwards are batch-invariant,
 //! so the difference is 0 on CPU).
 
-use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 use speccompact_engine::{CompactionConfig, Compactor, Method, ModelBackend};
 use speccompact_history::{parse_sessions, parse_value, History};
@@ -15,28 +14,10 @@ use speccompact_runtime::{
     greedy_rows_gated, Architecture, Continuation, LineMask, LineVerdict, LoadOptions, LogitsAt,
     LookupMode, Model, Row, Sequence, StopRules,
 };
-use speccompact_tests::max_diff;
+use speccompact_tests::{max_diff, tiny_model_variety};
 use std::sync::Arc;
 
 type R<T> = anyhow::Result<T>;
-
-fn models() -> Vec<TinyModel> {
-    let mut out: Vec<TinyModel> = [
-        Architecture::Llama,
-        Architecture::Qwen2,
-        Architecture::Qwen3,
-        Architecture::Gemma3,
-    ]
-    .into_iter()
-    .map(TinyModel::new)
-    .collect();
-    let mut kq = TinyModel::new(Architecture::Qwen2);
-    kq.hidden = 256;
-    kq.ffn = 512;
-    kq.dtype = GgmlDType::Q4K;
-    out.push(kq);
-    out
-}
 
 /// Three rows over one prefix, each with other rules: a plain budget, a stop at the first
 /// newline, line masks with a grace and a caller who stops after two lines.
@@ -79,7 +60,7 @@ fn run(m: &Model, prefix: &[u32], prompts: &[Vec<u32>]) -> R<(Vec<Continuation>,
 fn greedy_with_lookup_equals_greedy_without_and_the_cache_equals_a_fresh_forward() -> R<()> {
     let dir = tempfile::tempdir()?;
     let (mut drafted, mut kept) = (0, 0);
-    for (k, spec) in models().into_iter().enumerate() {
+    for (k, spec) in tiny_model_variety().into_iter().enumerate() {
         let path = dir.path().join(format!("m{k}.gguf"));
         spec.write(&path)?;
         let base = Model::load(&path, &Device::Cpu, LoadOptions::default())?;
