@@ -1,13 +1,14 @@
 //! `speccompact bench`: every method on every session of a JSONL file in one process, as a
 //! markdown table or the JSON report (`speccompact_eval::bench::BenchReport`), optionally
-//! with a re-compaction per session.
+//! with a re-compaction per session. With `--lookup off,on,…` each lookup mode is a variant
+//! over the same loaded weights, run in turn on each session.
 
 use crate::files::{headed, json_text, read_text, write_report};
 use crate::load::{compactor, counting_bar};
 use crate::settings::{trimmed, EngineArgs, MethodArg, RuntimeArgs};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
-use speccompact_engine::Method;
+use speccompact_engine::{Compactor, Method};
 use speccompact_eval::bench;
 use speccompact_history::parse_sessions;
 use speccompact_store::Store;
@@ -67,19 +68,39 @@ pub fn run(a: &Args, rt: &RuntimeArgs, store: &Store) -> Result<()> {
     if let Some(n) = a.limit {
         sessions.truncate(n);
     }
-    let c = compactor(&rt.settings()?, store, &a.engine)?;
+    let modes = &rt.lookup;
+    let c = compactor(
+        &rt.settings_with_lookup(modes.first().copied())?,
+        store,
+        &a.engine,
+    )?;
+    let variants: Vec<(String, Compactor)> = if modes.len() > 1 {
+        modes
+            .iter()
+            .map(|&m| Ok((format!("lookup {}", m.name()), c.with_lookup(m)?)))
+            .collect::<Result<_>>()?
+    } else {
+        vec![(String::new(), c.clone())]
+    };
+    let variants: Vec<bench::Variant> = variants
+        .iter()
+        .map(|(label, compactor)| bench::Variant {
+            label: label.clone(),
+            compactor,
+        })
+        .collect();
     let bar = counting_bar(
-        sessions.len() * methods.len(),
+        sessions.len() * methods.len() * variants.len(),
         "{bar:30} {pos}/{len} {msg} [{elapsed}]",
     );
     let mut first = true;
-    let report = bench::run(&c, &sessions, &methods, &mut |i, m| {
+    let report = bench::run(&variants, &sessions, &methods, &mut |i, v, m| {
         if !first {
             bar.inc(1);
         }
         first = false;
         let id = sessions[i].id.as_deref().unwrap_or("?");
-        bar.set_message(format!("{id} {m}"));
+        bar.set_message(format!("{id} {m} {v}"));
     })?;
     bar.finish_and_clear();
     let mut recompactions = Vec::new();

@@ -383,6 +383,7 @@ mod tests {
         BenchRun {
             session: session.into(),
             method,
+            variant: String::new(),
             trace: Default::default(),
             lines: 1,
             markdown: markdown.into(),

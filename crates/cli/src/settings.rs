@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use speccompact_engine::verify::Verify;
 use speccompact_engine::{CompactionConfig, Method, Overflow};
 use speccompact_eval::EvalMethod;
-use speccompact_runtime::{set_threads, RuntimeSettings};
+use speccompact_runtime::{set_threads, LookupMode, RuntimeSettings};
 use std::ffi::OsStr;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -26,15 +26,26 @@ pub struct RuntimeArgs {
     /// Device: `cpu` or `cuda:N`.
     #[arg(long, global = true)]
     pub device: Option<String>,
-    /// Token lookup in every decode: `auto`, `on` or `off` (see configs/runtime.toml).
-    #[arg(long, global = true)]
-    pub lookup: Option<speccompact_runtime::LookupMode>,
+    /// Token lookup in every decode: `auto`, `on` or `off` (see configs/runtime.toml);
+    /// `bench` takes a list (`off,on,auto`) and runs each mode in turn.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub lookup: Vec<LookupMode>,
 }
 
 impl RuntimeArgs {
     /// Runtime settings from `--runtime-config`, with `--threads` / `--device` applied and
     /// the thread pool set.
     pub fn settings(&self) -> Result<RuntimeSettings> {
+        if self.lookup.len() > 1 {
+            anyhow::bail!(
+                "--lookup takes one mode here (auto, on or off); a list such as off,on is for `bench`"
+            );
+        }
+        self.settings_with_lookup(self.lookup.first().copied())
+    }
+
+    /// [`Self::settings`] with `lookup` instead of the flag (`None`: as configured).
+    pub fn settings_with_lookup(&self, lookup: Option<LookupMode>) -> Result<RuntimeSettings> {
         let mut settings = file_or_default(self.runtime_config.as_deref(), RuntimeSettings::load)?;
         if let Some(t) = self.threads {
             settings.threads = t;
@@ -42,7 +53,7 @@ impl RuntimeArgs {
         if let Some(d) = &self.device {
             settings.device = d.clone();
         }
-        if let Some(l) = self.lookup {
+        if let Some(l) = lookup {
             settings.lookup = l;
         }
         set_threads(settings.threads)?;

@@ -140,6 +140,14 @@ fn bad_flag_values_are_refused_with_the_possible_values() {
             &["invalid value 'md' for '--format <FORMAT>'", "table, json"],
         ),
         (
+            &["compact", &sample, "--lookup", "sometimes"],
+            2,
+            &[
+                "invalid value 'sometimes' for '--lookup <LOOKUP>'",
+                "auto, on or off",
+            ],
+        ),
+        (
             &["compact", &sample, "--verify", "strict"],
             2,
             &["invalid value 'strict' for '--verify <VERIFY>'"],
@@ -190,6 +198,11 @@ fn bad_inputs_are_named() {
             ],
             1,
             &["reading missing.jsonl"],
+        ),
+        (
+            &["compact", &sample, "--lookup", "off,on"],
+            1,
+            &["--lookup takes one mode here", "for `bench`"],
         ),
         (
             &["compact", &sample, "--target", "no-such-model"],

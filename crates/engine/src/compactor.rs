@@ -57,6 +57,19 @@ fn reserve(cfg: &CompactionConfig, method: Method) -> usize {
     }
 }
 
+impl Compactor<ModelBackend> {
+    /// The same models (weights shared) and settings with a fresh lookup in `mode` in both
+    /// models' decodes, and an empty session cache.
+    pub fn with_lookup(&self, mode: speccompact_runtime::LookupMode) -> Result<Self> {
+        let i = &self.inner;
+        Self::new(
+            i.drafter.with_lookup(mode),
+            i.target.with_lookup(mode),
+            i.config.clone(),
+        )
+    }
+}
+
 impl<B: Backend + 'static> Compactor<B> {
     /// A compactor over two backends.
     pub fn new(drafter: B, target: B, config: CompactionConfig) -> Result<Self> {

@@ -142,6 +142,14 @@ impl ModelBackend {
         })
     }
 
+    /// The same backend over the same weights whose decodes use a fresh lookup in `mode`.
+    pub fn with_lookup(&self, mode: speccompact_runtime::LookupMode) -> Self {
+        Self {
+            model: Arc::new(self.model.with_lookup(mode)),
+            ..self.clone()
+        }
+    }
+
     /// The wrapped model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model

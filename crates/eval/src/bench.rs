@@ -1,12 +1,16 @@
 //! End-to-end comparison of methods: every method on every session in one process,
-//! interleaved (session by session, methods in turn), with wall times, the speedup over
-//! `sequential` cold (shared prefill included) and warm (prefill excluded), acceptance and
-//! call counts, as a markdown table or JSON.
+//! interleaved (session by session, variants and methods in turn), with wall times, the
+//! speedup over `sequential` of the same variant cold (shared prefill included) and warm
+//! (prefill excluded), acceptance, call counts and target decode speed, as a markdown table
+//! or JSON. Variants are the same models run another way (e.g. token lookup on and off); a
+//! variant table sets each against the first: decode speed and whether the summaries are
+//! byte-identical.
 
 use crate::Result;
 use serde::{Deserialize, Serialize};
 use speccompact_engine::{Backend, Compaction, Compactor, Event, Method, Trace};
 use speccompact_history::History;
+use speccompact_runtime::LookupCounters;
 
 /// One method on one session. Reading a report back, counters it lacks (written before
 /// they existed) are zero.
@@ -16,6 +20,9 @@ pub struct BenchRun {
     pub session: String,
     /// The method.
     pub method: Method,
+    /// The variant's label (empty with a single variant).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub variant: String,
     /// The compaction's counters and times.
     pub trace: Trace,
     /// Lines kept, over all slots (blank lines not counted).
@@ -36,6 +43,9 @@ pub struct BenchRun {
 pub struct BenchSummary {
     /// The method.
     pub method: Method,
+    /// The variant's label (empty with a single variant).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub variant: String,
     /// Sessions run.
     #[serde(default)]
     pub sessions: usize,
@@ -87,6 +97,15 @@ pub struct BenchSummary {
     /// Mean tokens the drafter generated.
     #[serde(default)]
     pub drafter_tokens: f64,
+    /// Mean tokens the target generated.
+    #[serde(default)]
+    pub target_tokens: f64,
+    /// Target decode speed: generated tokens ÷ target generation time, over all sessions.
+    #[serde(default)]
+    pub target_tokens_per_s: f64,
+    /// Token lookup over all sessions, per model (`target`, `drafter`).
+    #[serde(default)]
+    pub lookup: std::collections::BTreeMap<String, LookupCounters>,
 }
 
 /// A compaction of a session without its last messages, then of the whole session: the
@@ -186,55 +205,74 @@ fn warm(t: &Trace) -> f64 {
     (t.wall_ms - t.prefill_ms).max(0.0)
 }
 
-/// Runs `methods` on each session in turn; `progress(session, method)` is called before each
-/// run. A failing run stops the benchmark with its error.
+/// One way of running the models in a benchmark: a label and its compactor.
+pub struct Variant<'a, B: Backend = speccompact_engine::ModelBackend> {
+    /// Shown beside the method (empty for a lone variant).
+    pub label: String,
+    /// The compactor that runs it.
+    pub compactor: &'a Compactor<B>,
+}
+
+/// Runs `methods` with each variant on each session in turn; `progress(session, variant,
+/// method)` is called before each run. Speedups relate each run to `sequential` of the same
+/// variant. A failing run stops the benchmark with its error.
 pub fn run<B: Backend + 'static>(
-    compactor: &Compactor<B>,
+    variants: &[Variant<B>],
     sessions: &[History],
     methods: &[Method],
-    progress: &mut dyn FnMut(usize, Method),
+    progress: &mut dyn FnMut(usize, &str, Method),
 ) -> Result<BenchReport> {
-    let mut runs = Vec::with_capacity(sessions.len() * methods.len());
+    let mut runs = Vec::with_capacity(sessions.len() * methods.len() * variants.len());
     for (i, h) in sessions.iter().enumerate() {
         let id = h.id.clone().unwrap_or_else(|| format!("#{}", i + 1));
-        let first = runs.len();
-        for &m in methods {
-            progress(i, m);
-            let c = compactor.compact_blocking(h, m, &mut |_: &Event| {})?;
-            tracing::info!(
-                session = id.as_str(),
-                method = m.as_str(),
-                wall_ms = c.trace.wall_ms as u64,
-                prefill_ms = c.trace.prefill_ms as u64,
-                "bench run done"
-            );
-            runs.push(BenchRun {
-                session: id.clone(),
-                method: m,
-                lines: content_lines(&c),
-                trace: c.trace,
-                markdown: c.markdown,
-                speedup_cold: None,
-                speedup_warm: None,
-            });
-        }
-        let seq = runs[first..]
-            .iter()
-            .find(|r| r.method == Method::Sequential)
-            .map(|r| (r.trace.wall_ms, warm(&r.trace)));
-        if let Some((cold, w)) = seq {
-            for r in &mut runs[first..] {
-                r.speedup_cold = Some(cold / r.trace.wall_ms.max(1e-9));
-                r.speedup_warm = Some(w / warm(&r.trace).max(1e-9));
+        for v in variants {
+            let first = runs.len();
+            for &m in methods {
+                progress(i, &v.label, m);
+                let c = v.compactor.compact_blocking(h, m, &mut |_: &Event| {})?;
+                tracing::info!(
+                    session = id.as_str(),
+                    variant = v.label.as_str(),
+                    method = m.as_str(),
+                    wall_ms = c.trace.wall_ms as u64,
+                    prefill_ms = c.trace.prefill_ms as u64,
+                    "bench run done"
+                );
+                runs.push(BenchRun {
+                    session: id.clone(),
+                    method: m,
+                    variant: v.label.clone(),
+                    lines: content_lines(&c),
+                    trace: c.trace,
+                    markdown: c.markdown,
+                    speedup_cold: None,
+                    speedup_warm: None,
+                });
+            }
+            let seq = runs[first..]
+                .iter()
+                .find(|r| r.method == Method::Sequential)
+                .map(|r| (r.trace.wall_ms, warm(&r.trace)));
+            if let Some((cold, w)) = seq {
+                for r in &mut runs[first..] {
+                    r.speedup_cold = Some(cold / r.trace.wall_ms.max(1e-9));
+                    r.speedup_warm = Some(w / warm(&r.trace).max(1e-9));
+                }
             }
         }
     }
-    let summary = methods.iter().map(|&m| summarize(&runs, m)).collect();
+    let summary = variants
+        .iter()
+        .flat_map(|v| methods.iter().map(|&m| summarize(&runs, &v.label, m)))
+        .collect();
     Ok(BenchReport { runs, summary })
 }
 
-fn summarize(runs: &[BenchRun], m: Method) -> BenchSummary {
-    let mine: Vec<&BenchRun> = runs.iter().filter(|r| r.method == m).collect();
+fn summarize(runs: &[BenchRun], variant: &str, m: Method) -> BenchSummary {
+    let mine: Vec<&BenchRun> = runs
+        .iter()
+        .filter(|r| r.method == m && r.variant == variant)
+        .collect();
     let n = mine.len().max(1) as f64;
     let mean = |f: &dyn Fn(&Trace) -> f64| mine.iter().map(|r| f(&r.trace)).sum::<f64>() / n;
     // Speedups over the sessions where both ran.
@@ -242,7 +280,9 @@ fn summarize(runs: &[BenchRun], m: Method) -> BenchSummary {
         .iter()
         .filter_map(|r| {
             runs.iter()
-                .find(|s| s.method == Method::Sequential && s.session == r.session)
+                .find(|s| {
+                    s.method == Method::Sequential && s.session == r.session && s.variant == variant
+                })
                 .map(|s| (*r, s))
         })
         .collect();
@@ -255,8 +295,18 @@ fn summarize(runs: &[BenchRun], m: Method) -> BenchSummary {
     };
     let proposed: usize = mine.iter().map(|r| r.trace.lines_proposed).sum();
     let accepted: usize = mine.iter().map(|r| r.trace.lines_accepted).sum();
+    let mut lookup = std::collections::BTreeMap::<String, LookupCounters>::new();
+    for (role, c) in mine.iter().flat_map(|r| &r.trace.lookup) {
+        let e = lookup.entry(role.clone()).or_default();
+        e.drafted += c.drafted;
+        e.kept += c.kept;
+        e.forwards += c.forwards;
+    }
+    let target_tokens: f64 = mine.iter().map(|r| r.trace.target_tokens as f64).sum();
+    let target_ms: f64 = mine.iter().map(|r| r.trace.repair_ms).sum();
     BenchSummary {
         method: m,
+        variant: variant.to_string(),
         sessions: mine.len(),
         mean_wall_ms: mean(&|t| t.wall_ms),
         mean_warm_ms: mean(&warm),
@@ -278,7 +328,26 @@ fn summarize(runs: &[BenchRun], m: Method) -> BenchSummary {
         failed_checks: mean(&|t| t.lines_failed_checks as f64),
         proposed: mean(&|t| t.lines_proposed as f64),
         drafter_tokens: mean(&|t| t.drafter_tokens as f64),
+        target_tokens: mean(&|t| t.target_tokens as f64),
+        target_tokens_per_s: target_tokens / (target_ms / 1e3).max(1e-9),
+        lookup,
     }
+}
+
+/// `method`, or `method (variant)`.
+fn labelled(m: Method, variant: &str) -> String {
+    if variant.is_empty() {
+        m.to_string()
+    } else {
+        format!("{m} ({variant})")
+    }
+}
+
+/// `kept/drafted` of a model's lookup, `-` when it drafted nothing.
+fn kept(l: &std::collections::BTreeMap<String, LookupCounters>, role: &str) -> String {
+    l.get(role)
+        .filter(|c| c.drafted > 0)
+        .map_or("-".into(), |c| format!("{}/{}", c.kept, c.drafted))
 }
 
 fn x(v: Option<f64>) -> String {
@@ -300,7 +369,7 @@ impl BenchReport {
             out.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {}/{}/{} | {} |\n",
                 r.session,
-                r.method,
+                labelled(r.method, &r.variant),
                 s(t.wall_ms),
                 s(t.prefill_ms),
                 s(t.draft_ms),
@@ -316,12 +385,12 @@ impl BenchReport {
             ));
         }
         out.push_str(
-            "\n| method | sessions | mean wall s | mean warm s | prefill s | draft s | verify s | repair s | speedup cold | speedup warm | accept | drafter/verify/repair calls | batches | check failures / proposed | drafter tokens |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "\n| method | sessions | mean wall s | mean warm s | prefill s | draft s | verify s | repair s | speedup cold | speedup warm | accept | drafter/verify/repair calls | batches | check failures / proposed | drafter tokens | target tokens | target tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for m in &self.summary {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {:.1}/{:.1}/{:.1} | {:.1} | {:.1} / {:.1} | {:.0} |\n",
-                m.method,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {:.1}/{:.1}/{:.1} | {:.1} | {:.1} / {:.1} | {:.0} | {:.0} | {:.1} |\n",
+                labelled(m.method, &m.variant),
                 m.sessions,
                 s(m.mean_wall_ms),
                 s(m.mean_warm_ms),
@@ -338,7 +407,60 @@ impl BenchReport {
                 m.batches,
                 m.failed_checks,
                 m.proposed,
-                m.drafter_tokens
+                m.drafter_tokens,
+                m.target_tokens,
+                m.target_tokens_per_s
+            ));
+        }
+        out.push_str(&self.variant_table());
+        out
+    }
+
+    /// Each variant against the first, per method (empty with a single variant): target
+    /// decode speed and its ratio, summaries byte-identical to the first variant's, and the
+    /// lookup counters (kept/drafted tokens).
+    pub fn variant_table(&self) -> String {
+        let Some(base) = self.summary.first().map(|m| m.variant.clone()) else {
+            return String::new();
+        };
+        if self.summary.iter().all(|m| m.variant == base) {
+            return String::new();
+        }
+        let mut out = format!(
+            "\n| method | variant | target tok/s | × {base} | identical to {base} | target lookup kept/drafted | drafter lookup kept/drafted | mean wall s | speedup cold |\n|---|---|---|---|---|---|---|---|---|\n"
+        );
+        for m in &self.summary {
+            let Some(b) = self
+                .summary
+                .iter()
+                .find(|b| b.method == m.method && b.variant == base)
+            else {
+                continue;
+            };
+            let mine = self
+                .runs
+                .iter()
+                .filter(|r| r.method == m.method && r.variant == m.variant);
+            let (mut same, mut n) = (0, 0);
+            for r in mine {
+                n += 1;
+                same += self.runs.iter().any(|o| {
+                    o.variant == base
+                        && o.method == r.method
+                        && o.session == r.session
+                        && o.markdown == r.markdown
+                }) as usize;
+            }
+            out.push_str(&format!(
+                "| {} | {} | {:.1} | {:.2}x | {same}/{n} | {} | {} | {} | {} |\n",
+                m.method,
+                m.variant,
+                m.target_tokens_per_s,
+                m.target_tokens_per_s / b.target_tokens_per_s.max(1e-9),
+                kept(&m.lookup, "target"),
+                kept(&m.lookup, "drafter"),
+                s(m.mean_wall_ms),
+                x(m.speedup_cold),
             ));
         }
         out
