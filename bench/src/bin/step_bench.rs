@@ -1,0 +1,95 @@
+//! What a step forward costs by the tokens it carries: one row or six, each with 1…16 new
+//! tokens and logits at every one of them (as a decode step that checks drafted tokens),
+//! over a shared prefix of each depth. The ratio to the one-token step is what token lookup
+//! and line verification pay for what they check. Prints a markdown table (and writes it
+//! with --out).
+
+use anyhow::Result;
+use candle_core::Device;
+use clap::Parser;
+use speccompact_bench::{filler_tokens, median};
+use speccompact_runtime::{set_threads, LoadOptions, LogitsAt, Model, Row};
+use speccompact_store::Store;
+use std::fmt::Write as _;
+
+#[derive(Parser)]
+struct Args {
+    /// Store names or GGUF paths.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["qwen2.5-coder-1.5b-instruct".to_string()])]
+    models: Vec<String>,
+    /// CPU threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Shared-prefix depths.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![16usize, 4096])]
+    depths: Vec<usize>,
+    /// Rows per forward.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 6])]
+    rows: Vec<usize>,
+    /// New tokens per row.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 3, 4, 8, 16])]
+    tokens: Vec<usize>,
+    /// Runs per figure (the median is shown).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Also write the table to this file.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    set_threads(args.threads)?;
+    let store = Store::open_default()?;
+    let mut table = String::from(
+        "| model | depth | rows | tokens per row | ms per forward | × one token | ms per token |\n|---|---|---|---|---|---|---|\n",
+    );
+    for name in &args.models {
+        let path = store.resolve(name, &mut |_| {})?;
+        let m = Model::load(&path, &Device::Cpu, LoadOptions::default())?;
+        let d = &m.decoder;
+        let vocab = d.config().vocab_size;
+        for &depth in &args.depths {
+            let prefix = d.prefill(&filler_tokens(depth, vocab), 512)?.freeze()?;
+            for &rows in &args.rows {
+                let mut one = None;
+                for &t in &args.tokens {
+                    let toks: Vec<Vec<u32>> = (0..rows)
+                        .map(|r| filler_tokens(t + r + 1, vocab)[r + 1..].to_vec())
+                        .collect();
+                    let s = median(args.runs, || {
+                        let mut seqs: Vec<_> = (0..rows).map(|_| prefix.fork()).collect();
+                        let mut batch: Vec<Row<'_>> = seqs
+                            .iter_mut()
+                            .zip(&toks)
+                            .map(|(s, t)| Row { seq: s, tokens: t })
+                            .collect();
+                        d.forward(&mut batch, LogitsAt::All)?;
+                        Ok(())
+                    })?;
+                    let base = *one.get_or_insert(s);
+                    let line = format!(
+                        "| {name} | {depth} | {rows} | {t} | {:.1} | {:.2}x | {:.1} |\n",
+                        s * 1e3,
+                        s / base,
+                        s * 1e3 / (rows * t) as f64
+                    );
+                    eprint!("{line}");
+                    table.push_str(&line);
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    writeln!(
+        out,
+        "# Step forward cost by tokens per row\n\nCommand: `{}`\n\nThreads: {}; logits at every new token.\n\n{table}",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        args.threads
+    )?;
+    print!("{out}");
+    if let Some(p) = &args.out {
+        std::fs::write(p, &out)?;
+    }
+    Ok(())
+}
