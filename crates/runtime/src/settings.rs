@@ -114,7 +114,7 @@ mod tests {
         assert_eq!(s.dense, DenseChoice::Auto);
         assert_eq!(s.kernels, KernelMode::On);
         assert_eq!(s.prefill_chunk, 512);
-        assert_eq!(s.load_options().lookup, LookupMode::Off);
+        assert_eq!(s.load_options().lookup, LookupMode::Auto);
     }
 
     #[test]
@@ -141,8 +141,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("k.toml") && e.contains("fast"), "{e}");
-        let s = RuntimeSettings::parse("lookup = \"auto\"", "l").unwrap();
-        assert_eq!(s.load_options().lookup, LookupMode::Auto);
+        let s = RuntimeSettings::parse("lookup = \"off\"", "l").unwrap();
+        assert_eq!(s.load_options().lookup, LookupMode::Off);
         let e = RuntimeSettings::parse("lookup = \"always\"", "l.toml")
             .unwrap_err()
             .to_string();
