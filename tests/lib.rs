@@ -122,3 +122,36 @@ pub fn tiny_model_variety() -> Vec<TinyModel> {
     out.extend([kq, q6]);
     out
 }
+
+/// A short coding history (a failing retry test and the planned fix) for tiny-model
+/// compaction tests.
+pub fn retry_history() -> speccompact_history::History {
+    speccompact_history::parse_value(&serde_json::json!([
+        {"role": "user", "content": "Fix the retry bug in src/upload.rs; keep the public API and do not retry on auth errors."},
+        {"role": "assistant", "content": "Running the tests.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\":\"cargo test upload\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": "test upload::retries_three_times ... FAILED\nexpected 3 attempts, got 4"},
+        {"role": "assistant", "content": "The loop uses <= MAX_RETRIES; changing it to attempt < MAX_RETRIES."}
+    ]))
+    .expect("the retry history parses")
+}
+
+/// The six smoke sessions' file, `None` (with a message) when the evaluation data is not
+/// beside the repository; with `SPECCOMPACT_REQUIRE_DATA=1` (as in CI) its absence fails.
+pub fn smoke_path() -> Option<PathBuf> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/evaldata/dev/smoke.jsonl");
+    if path.exists() {
+        return Some(path);
+    }
+    let required = std::env::var("SPECCOMPACT_REQUIRE_DATA").as_deref() == Ok("1");
+    assert!(!required, "missing {}", path.display());
+    eprintln!("skipped: {} not found", path.display());
+    None
+}
+
+/// The six smoke sessions as histories (see [`smoke_path`]).
+pub fn smoke_sessions() -> Option<Vec<speccompact_history::History>> {
+    let text = std::fs::read_to_string(smoke_path()?).expect("smoke sessions readable");
+    Some(speccompact_history::parse_sessions(&text).expect("smoke sessions parse"))
+}

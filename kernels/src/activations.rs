@@ -1,5 +1,5 @@
 //! Activations quantized once per forward: int8 blocks of [`ACT_BLOCK`] values with one f32
-//! scale each, the scaled block sums the Q4_K minimum term needs, and the per-16 integer sums
+//! scale each, the scaled block sums the Q4_K and Q4_1 minimum terms need, and the per-16 integer sums
 //! the Q6_K offset needs.
 
 use crate::{Error, Result};

@@ -21,6 +21,8 @@
 //!   groups of 16 inputs, 64 bytes each: bits `2i .. 2i + 2` of byte `4c + j` of group `s` are
 //!   the high 2 bits of value `16s + 4i + j` of output `c`; then `sc: [[i8; 16]; 16]` (per 16
 //!   inputs, sub-block major), `d: [f16; 16]` and 32 bytes of padding.
+//! - **Q4_1** (320 bytes per tile unit of 32 inputs): `qs`, 4 groups of 8 inputs as Q4_K's;
+//!   then `d: [f16; 16]` and `m: [f16; 16]`; a value is `d · q + m`.
 
 use crate::{Error, Result};
 use half::f16;
@@ -42,6 +44,11 @@ pub(crate) const Q6K_TILE_UNIT: usize = 3392;
 pub(crate) const Q6K_QH: usize = 2048;
 pub(crate) const Q6K_SC: usize = Q6K_QH + 1024;
 pub(crate) const Q6K_D: usize = Q6K_SC + 256;
+/// Bytes per Q4_1 tile unit (32 inputs).
+pub(crate) const Q41_TILE_UNIT: usize = 320;
+/// Q4_1 tile unit offsets: `d`, `m` (the 4-bit values start at 0).
+pub(crate) const Q41_D: usize = 256;
+pub(crate) const Q41_M: usize = Q41_D + 32;
 
 /// A weight type the kernels implement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,13 +59,15 @@ pub enum WeightType {
     Q4K,
     /// 6-bit k-quant: super-blocks of 256, 8-bit scales per 16.
     Q6K,
+    /// 4-bit, blocks of 32 with an f16 scale and an f16 minimum.
+    Q4_1,
 }
 
 impl WeightType {
     /// Values per unit.
     pub const fn unit(self) -> usize {
         match self {
-            WeightType::Q8_0 => 32,
+            WeightType::Q8_0 | WeightType::Q4_1 => 32,
             WeightType::Q4K | WeightType::Q6K => 256,
         }
     }
@@ -69,6 +78,7 @@ impl WeightType {
             WeightType::Q8_0 => Q8_TILE_BLOCK,
             WeightType::Q4K => Q4K_TILE_UNIT,
             WeightType::Q6K => Q6K_TILE_UNIT,
+            WeightType::Q4_1 => Q41_TILE_UNIT,
         }
     }
 
@@ -83,6 +93,7 @@ impl WeightType {
             WeightType::Q8_0 => 34,
             WeightType::Q4K => 144,
             WeightType::Q6K => 210,
+            WeightType::Q4_1 => 20,
         }
     }
 }
@@ -138,10 +149,41 @@ impl PackedMatrix {
                     WeightType::Q8_0 => put_q8_0(src, dst, c),
                     WeightType::Q4K => put_q4k(src, dst, c),
                     WeightType::Q6K => put_q6k(src, dst, c),
+                    WeightType::Q4_1 => put_q4_1(src, dst, c),
                 }
             }
         }
         Ok(m)
+    }
+
+    /// Matrices of one weight type and input width stacked by outputs, in order. Every part
+    /// but the last must hold whole tiles (outputs a multiple of [`TILE_N`]): tiles are moved
+    /// as they are, so each output is computed exactly as in its own matrix.
+    pub fn stack(parts: &[&PackedMatrix]) -> Result<Self> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Shape("no matrices to stack".into()));
+        };
+        let (ty, k) = (first.ty, first.k);
+        for (i, p) in parts.iter().enumerate() {
+            if p.ty != ty || p.k != k {
+                return Err(Error::Shape(format!(
+                    "part {i} is {:?} {}x{}, part 0 {ty:?} with {k} inputs",
+                    p.ty, p.n, p.k
+                )));
+            }
+            if i + 1 < parts.len() && p.n % TILE_N != 0 {
+                return Err(Error::Shape(format!(
+                    "part {i} has {} outputs, not whole tiles of {TILE_N}",
+                    p.n
+                )));
+            }
+        }
+        Ok(Self {
+            ty,
+            n: parts.iter().map(|p| p.n).sum(),
+            k,
+            data: parts.iter().flat_map(|p| p.data.iter().copied()).collect(),
+        })
     }
 
     /// The weight type.
@@ -202,6 +244,10 @@ impl PackedMatrix {
                         let (sc, q) = q6k_tile_column(u, c);
                         out.extend((0..256).map(|e| sc[e / 16] * (q[e] as i32 - 32) as f32));
                     }
+                    WeightType::Q4_1 => {
+                        let (d, m, q) = q4_1_tile_column(u, c);
+                        out.extend(q.iter().map(|v| d * *v as f32 + m));
+                    }
                 }
             }
         }
@@ -248,9 +294,9 @@ fn put_q8_0(src: &[u8], dst: &mut [u8], c: usize) {
     }
 }
 
-/// 256 values of output `c` into a tile unit's nibble groups at `dst[0 .. 2048]` (the low 4
-/// bits of each value).
-fn put_nibbles(v: &[u8; 256], dst: &mut [u8], c: usize) {
+/// Values of output `c` (a multiple of 8) into a tile unit's nibble groups from `dst[0]`
+/// (the low 4 bits of each value; 64 bytes per 8 values).
+fn put_nibbles(v: &[u8], dst: &mut [u8], c: usize) {
     for (g, v8) in v.chunks_exact(8).enumerate() {
         let out = &mut dst[64 * g + 4 * c..64 * g + 4 * c + 4];
         for (j, o) in out.iter_mut().enumerate() {
@@ -275,6 +321,19 @@ fn put_q4k(src: &[u8], dst: &mut [u8], c: usize) {
             v[l] = q & 0xF;
             v[32 + l] = q >> 4;
         }
+    }
+    put_nibbles(&v, dst, c);
+}
+
+/// GGML Q4_1 block `src` as column `c` of a tile unit.
+fn put_q4_1(src: &[u8], dst: &mut [u8], c: usize) {
+    dst[Q41_D + 2 * c..Q41_D + 2 * c + 2].copy_from_slice(&src[0..2]);
+    dst[Q41_M + 2 * c..Q41_M + 2 * c + 2].copy_from_slice(&src[2..4]);
+    // GGML: byte l holds value l in its low nibble and value 16 + l in its high one.
+    let mut v = [0u8; 32];
+    for (l, q) in src[4..20].iter().enumerate() {
+        v[l] = q & 0xF;
+        v[16 + l] = q >> 4;
     }
     put_nibbles(&v, dst, c);
 }
@@ -328,6 +387,15 @@ pub(crate) fn q4k_tile_column(u: &[u8], c: usize) -> ([f32; 8], [f32; 8], [u8; 2
         (u[at] >> shift) & 0xF
     });
     (sc, mn, q)
+}
+
+/// Column `c` of a Q4_1 tile unit: scale, minimum and the 4-bit values in order.
+pub(crate) fn q4_1_tile_column(u: &[u8], c: usize) -> (f32, f32, [u8; 32]) {
+    let q = std::array::from_fn(|e| {
+        let (at, shift) = nibble_at(e, c);
+        (u[at] >> shift) & 0xF
+    });
+    (f16_at(u, Q41_D + 2 * c), f16_at(u, Q41_M + 2 * c), q)
 }
 
 /// Column `c` of a Q6_K tile unit: per-16 scales (`d * sc`) and the values plus 32 (0 ..= 63).

@@ -19,6 +19,7 @@ mod error;
 mod formats;
 mod isa;
 mod matmul;
+mod prefetch;
 mod scalar;
 
 pub use activations::{QuantizedRows, ACT_BLOCK};

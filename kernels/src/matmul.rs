@@ -126,6 +126,12 @@ fn tile(isa: Isa, ty: WeightType, t: &[u8], x: &QuantizedRows, r0: usize, out: &
             by_rows!(avx512::tile_q6k, rows, t, x, r0, out)
         },
         #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni, WeightType::Q4_1) => unsafe {
+            by_rows!(avx512::tile_q4_1, rows, t, x, r0, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, WeightType::Q4_1) => unsafe { by_rows!(avx2::tile_q4_1, rows, t, x, r0, out) },
+        #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightType::Q8_0) => unsafe { by_rows!(avx2::tile_q8_0, rows, t, x, r0, out) },
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, WeightType::Q4K) => unsafe { by_rows!(avx2::tile_q4k, rows, t, x, r0, out) },

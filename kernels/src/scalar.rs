@@ -2,7 +2,9 @@
 //! per scale group, then one f32 multiply-add per group, per row.
 
 use crate::activations::QuantizedRows;
-use crate::formats::{q4k_tile_column, q6k_tile_column, q8_0_tile_column, WeightType, TILE_N};
+use crate::formats::{
+    q4_1_tile_column, q4k_tile_column, q6k_tile_column, q8_0_tile_column, WeightType, TILE_N,
+};
 
 fn idot<A: Copy + Into<i32>>(w: &[A], a: &[i8]) -> i32 {
     w.iter().zip(a).map(|(w, a)| (*w).into() * *a as i32).sum()
@@ -21,6 +23,12 @@ pub(crate) fn tile(ty: WeightType, tile: &[u8], x: &QuantizedRows, r0: usize, ou
                     let (d, q) = q8_0_tile_column(unit, c);
                     for (o, (a, da, _)) in outs.zip(&rows) {
                         *o += d * da[u] * idot(&q, &a[32 * u..32 * u + 32]) as f32;
+                    }
+                }
+                WeightType::Q4_1 => {
+                    let (d, m, q) = q4_1_tile_column(unit, c);
+                    for (o, (a, da, asum)) in outs.zip(&rows) {
+                        *o += d * da[u] * idot(&q, &a[32 * u..32 * u + 32]) as f32 + m * asum[u];
                     }
                 }
                 WeightType::Q4K => {

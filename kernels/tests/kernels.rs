@@ -6,10 +6,11 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use speccompact_kernels::{matmul, Isa, PackedMatrix, QuantizedRows, WeightType};
 
-const TYPES: [(WeightType, GgmlDType); 3] = [
+const TYPES: [(WeightType, GgmlDType); 4] = [
     (WeightType::Q8_0, GgmlDType::Q8_0),
     (WeightType::Q4K, GgmlDType::Q4K),
     (WeightType::Q6K, GgmlDType::Q6K),
+    (WeightType::Q4_1, GgmlDType::Q4_1),
 ];
 
 /// A small deterministic generator (xorshift).
@@ -34,7 +35,7 @@ fn random_blocks(ty: WeightType, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
         .collect();
     let scale_at: &[usize] = match ty {
         WeightType::Q8_0 => &[0],
-        WeightType::Q4K => &[0, 2],
+        WeightType::Q4K | WeightType::Q4_1 => &[0, 2],
         WeightType::Q6K => &[208],
     };
     for unit in b.chunks_exact_mut(ub) {
@@ -132,7 +133,7 @@ fn every_instruction_set_matches_the_scalar_reference() {
     eprintln!("instruction sets on this CPU: {isas:?}");
     for (ty, _) in TYPES {
         let ks: &[usize] = match ty {
-            WeightType::Q8_0 => &[32, 96, 544],
+            WeightType::Q8_0 | WeightType::Q4_1 => &[32, 96, 544],
             _ => &[256, 768],
         };
         for &k in ks {
@@ -251,6 +252,8 @@ fn matches_candle_quantized_matmul() {
         (WeightType::Q8_0, GgmlDType::Q8_0, 576, 1e-3),
         (WeightType::Q4K, GgmlDType::Q4K, 512, 2e-2),
         (WeightType::Q6K, GgmlDType::Q6K, 512, 2e-2),
+        (WeightType::Q4_1, GgmlDType::Q4_1, 128, 2e-3),
+        (WeightType::Q4_1, GgmlDType::Q4_1, 576, 2e-3),
     ] {
         let (m, n) = (6, 48);
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
@@ -278,4 +281,66 @@ fn matches_candle_quantized_matmul() {
         eprintln!("{ty:?} k={k}: relative L2 {rel:.2e}");
         assert!(rel < tol, "{ty:?} k={k}: relative L2 {rel}");
     }
+}
+
+/// Stacked matrices compute each output bitwise as their own matrix does; parts that are not
+/// whole tiles (but the last) or differ in type or width are refused.
+#[test]
+fn stacked_matrices_give_each_part_bitwise() {
+    let mut rng = Rng(0x5EED_0001);
+    for (ty, _) in TYPES {
+        let k = ty.unit() * 3;
+        let ns = [32usize, 16, 37];
+        let parts: Vec<PackedMatrix> = ns
+            .iter()
+            .map(|&n| {
+                PackedMatrix::from_ggml(ty, n, k, &random_blocks(ty, n, k, &mut rng)).unwrap()
+            })
+            .collect();
+        let refs: Vec<&PackedMatrix> = parts.iter().collect();
+        let stacked = PackedMatrix::stack(&refs).unwrap();
+        assert_eq!(stacked.rows(), ns.iter().sum::<usize>());
+        for m in [1usize, 6] {
+            let x = QuantizedRows::quantize(&random_rows(m, k, &mut rng), m, k).unwrap();
+            for isa in Isa::available_all() {
+                let all = run(&stacked, &x, isa);
+                let mut at = 0;
+                for p in &parts {
+                    let one = run(p, &x, isa);
+                    for r in 0..m {
+                        let got = &all[r * stacked.rows() + at..r * stacked.rows() + at + p.rows()];
+                        let want = &one[r * p.rows()..(r + 1) * p.rows()];
+                        assert!(
+                            got.iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{isa:?} {ty:?} m={m} part at {at}"
+                        );
+                    }
+                    at += p.rows();
+                }
+            }
+        }
+        let odd = [&parts[2], &parts[0]];
+        assert!(PackedMatrix::stack(&odd)
+            .unwrap_err()
+            .to_string()
+            .contains("whole tiles"));
+    }
+    let a = PackedMatrix::from_ggml(
+        WeightType::Q8_0,
+        16,
+        64,
+        &random_blocks(WeightType::Q8_0, 16, 64, &mut rng),
+    )
+    .unwrap();
+    let b = PackedMatrix::from_ggml(
+        WeightType::Q8_0,
+        16,
+        96,
+        &random_blocks(WeightType::Q8_0, 16, 96, &mut rng),
+    )
+    .unwrap();
+    assert!(PackedMatrix::stack(&[&a, &b]).is_err());
+    assert!(PackedMatrix::stack(&[]).is_err());
 }

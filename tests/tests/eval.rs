@@ -15,14 +15,9 @@ fn tiny(arch: Architecture, seed: u64, dir: &std::path::Path) -> ModelBackend {
 
 #[test]
 fn the_harness_runs_end_to_end_with_tiny_models_on_the_smoke_set() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/evaldata/dev/smoke.jsonl");
-    if !path.exists() {
-        let required = std::env::var("SPECCOMPACT_REQUIRE_DATA").as_deref() == Ok("1");
-        assert!(!required, "missing {}", path.display());
-        eprintln!("skipped: {} not found", path.display());
+    let Some(path) = speccompact_tests::smoke_path() else {
         return;
-    }
+    };
     let mut sessions = load_sessions(&path).unwrap();
     assert_eq!(sessions.len(), 6);
     // Tiny models tokenize byte by byte: each message is clipped to its first 160 characters

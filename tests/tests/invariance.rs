@@ -5,11 +5,10 @@
 
 use candle_core::{Device, Tensor};
 use speccompact_engine::{CompactionConfig, Compactor, Method, ModelBackend};
-use speccompact_history::parse_value;
 use speccompact_runtime::settings::RuntimeSettings;
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{Architecture, LoadOptions, LogitsAt, Model, Row, Sequence};
-use speccompact_tests::{tiny_model_variety, tokens};
+use speccompact_tests::{retry_history, tiny_model_variety, tokens};
 use std::sync::Arc;
 
 type R<T> = anyhow::Result<T>;
@@ -97,17 +96,6 @@ fn a_tokens_logits_are_bitwise_equal_alone_and_in_a_batch_of_6_rows_by_32_tokens
     Ok(())
 }
 
-fn history() -> speccompact_history::History {
-    parse_value(&serde_json::json!([
-        {"role": "user", "content": "Fix the retry bug in src/upload.rs; keep the public API and do not retry on auth errors."},
-        {"role": "assistant", "content": "Running the tests.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\":\"cargo test upload\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": "test upload::retries_three_times ... FAILED\nexpected 3 attempts, got 4"},
-        {"role": "assistant", "content": "The loop uses <= MAX_RETRIES; changing it to attempt < MAX_RETRIES."}
-    ]))
-    .expect("history")
-}
-
 /// Loads both tiny models afresh with the runtime's default settings (so every load-time
 /// choice is made again) and compacts with every method.
 fn compact_all(dir: &std::path::Path) -> R<Vec<String>> {
@@ -141,7 +129,7 @@ fn compact_all(dir: &std::path::Path) -> R<Vec<String>> {
         Method::TargetSelf,
         Method::DrafterOnly,
     ] {
-        let r = c.compact_blocking(&history(), method, &mut |_| {})?;
+        let r = c.compact_blocking(&retry_history(), method, &mut |_| {})?;
         let lines: Vec<String> = r
             .slots
             .iter()

@@ -8,13 +8,12 @@
 
 use candle_core::Device;
 use speccompact_engine::{CompactionConfig, Compactor, Method, ModelBackend};
-use speccompact_history::{parse_sessions, parse_value, History};
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::{
     greedy_rows_gated, Architecture, Continuation, LineMask, LineVerdict, LoadOptions, LogitsAt,
     LookupMode, Model, Row, Sequence, StopRules,
 };
-use speccompact_tests::{max_diff, tiny_model_variety};
+use speccompact_tests::{max_diff, retry_history, smoke_sessions, tiny_model_variety};
 use std::sync::Arc;
 
 type R<T> = anyhow::Result<T>;
@@ -117,31 +116,6 @@ fn greedy_with_lookup_equals_greedy_without_and_the_cache_equals_a_fresh_forward
     Ok(())
 }
 
-fn short_history() -> History {
-    parse_value(&serde_json::json!([
-        {"role": "user", "content": "Fix the retry bug in src/upload.rs; keep the public API and do not retry on auth errors."},
-        {"role": "assistant", "content": "Running the tests.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\":\"cargo test upload\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": "test upload::retries_three_times ... FAILED\nexpected 3 attempts, got 4"},
-        {"role": "assistant", "content": "The loop uses <= MAX_RETRIES; changing it to attempt < MAX_RETRIES."}
-    ]))
-    .expect("history")
-}
-
-fn smoke() -> Vec<History> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/evaldata/dev/smoke.jsonl");
-    match std::fs::read_to_string(&path) {
-        Ok(t) => parse_sessions(&t).expect("smoke sessions"),
-        Err(_) => {
-            let required = std::env::var("SPECCOMPACT_REQUIRE_DATA").as_deref() == Ok("1");
-            assert!(!required, "missing {}", path.display());
-            eprintln!("skipped the smoke sessions: {} not found", path.display());
-            Vec::new()
-        }
-    }
-}
-
 /// Every method (and the lossless verification mode) writes the same summary with lookup
 /// on, auto and off, on the short history and the smoke sessions.
 #[test]
@@ -171,8 +145,8 @@ fn compaction_with_lookup_equals_compaction_without_for_every_method() -> R<()> 
             cfg.clone(),
         )?)
     };
-    let mut histories = vec![short_history()];
-    histories.extend(smoke());
+    let mut histories = vec![retry_history()];
+    histories.extend(smoke_sessions().unwrap_or_default());
     let runs = [
         (Method::Speculative, &cfg),
         (Method::Speculative, &exact),

@@ -4,7 +4,8 @@
 //!
 //! Tolerances: logits are compared by max absolute difference. Same weights and same
 //! kernels, only the attention's operation order differs: 1e-4. The Q4_1 -> Q8_0 conversion
-//! changes weights: relative L2 error below 5 %. The dense path skips activation
+//! (candle's matmul) changes weights: relative L2 error below 5 %; the kernels crate's Q4_1
+//! keeps them: below 3 %, as its other types. The dense path skips activation
 //! quantization: relative L2 error below 3 %.
 
 use candle_core::quantized::GgmlDType;
@@ -411,12 +412,26 @@ fn slow_quant_conversion(dev: &Device) -> R<()> {
             )?
             .remove(0))
     };
+    // Candle's matmul on the file's Q4_1: the reference's own arithmetic.
     let native = run(LoadOptions {
         convert_slow_quants: false,
+        kernels: KernelMode::Off,
         ..Default::default()
     })?;
     assert!(max_diff(&want, &native)? < TOL);
-    let converted = run(LoadOptions::default())?;
+    // Where the kernels crate serves Q4_1 (the default on CPU) the weights stay as they are;
+    // only the activations' 8-bit blocks differ (f32 scales here, f16 in candle's): within
+    // the 3 % every kernels-crate type keeps in `kernels_match_candle_matmul`.
+    let kept = run(LoadOptions::default())?;
+    let e = rel_l2(&want, &kept)?;
+    if dev.is_cpu() {
+        assert!(e < 0.03, "Q4_1 kernels relative error {e}");
+    }
+    // Candle's matmul on weights requantized to Q8_0 at load.
+    let converted = run(LoadOptions {
+        kernels: KernelMode::Off,
+        ..Default::default()
+    })?;
     let e = rel_l2(&want, &converted)?;
     assert!(e < 0.05, "Q4_1 -> Q8_0 relative error {e}");
     assert!(e > 0.0, "conversion did not happen");

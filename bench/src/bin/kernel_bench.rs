@@ -28,9 +28,11 @@ struct Args {
 const SHAPES: &[(&str, WeightType, usize, usize)] = &[
     ("smollm2 mlp up (Q8_0)", WeightType::Q8_0, 1536, 576),
     ("smollm2 mlp down (Q8_0)", WeightType::Q8_0, 576, 1536),
+    ("smollm2 mlp up (Q4_1)", WeightType::Q4_1, 1536, 576),
     ("qwen 0.5b mlp up (Q8_0)", WeightType::Q8_0, 4864, 896),
     ("qwen 1.5b mlp up (Q4_K)", WeightType::Q4K, 8960, 1536),
     ("qwen 1.5b mlp down (Q6_K)", WeightType::Q6K, 1536, 8960),
+    ("qwen 1.5b logits (Q6_K)", WeightType::Q6K, 151936, 1536),
 ];
 
 fn best_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -62,6 +64,7 @@ fn main() -> Result<()> {
             WeightType::Q8_0 => GgmlDType::Q8_0,
             WeightType::Q4K => GgmlDType::Q4K,
             WeightType::Q6K => GgmlDType::Q6K,
+            WeightType::Q4_1 => GgmlDType::Q4_1,
         };
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?;
         let q = QTensor::quantize(&w, g)?;

@@ -2,7 +2,7 @@
 //! on the same file in the same process. Prints a markdown table (and writes it with --out).
 //!
 //! Columns: prefill tok/s (single sequence), decode tok/s (greedy single sequence after a
-//! short prompt), fork cost, and batched verification: 6 rows x 32 new tokens over a
+//! prefix of each `--decode-depths` depth, as llama-bench's `-n N -d D`), fork cost, and batched verification: 6 rows x 32 new tokens over a
 //! 2,048-token shared prefix, against one row of 32 tokens over the same prefix.
 
 use anyhow::{Context, Result};
@@ -29,6 +29,12 @@ struct Args {
     /// Tokens decoded for the decode figure.
     #[arg(long, default_value_t = 64)]
     decode: usize,
+    /// Prefix depths the decode figure starts from (0: one token).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![64usize])]
+    decode_depths: Vec<usize>,
+    /// Runs per prefill and decode figure (the median is shown).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
     /// Shared-prefix length of the batched verification.
     #[arg(long, default_value_t = 2048)]
     prefix: usize,
@@ -48,6 +54,21 @@ struct Args {
     /// Also write the table to this file.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Also write the prefill and decode figures as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// Machine-readable figures of one model (`--json`).
+#[derive(serde::Serialize)]
+struct Figures {
+    model: String,
+    /// (tokens, tok/s) per prefill length.
+    prefill: Vec<(usize, f64)>,
+    /// (depth, tok/s) per decode depth.
+    decode: Vec<(usize, f64)>,
+    /// (prefix depth, one-row step ms, six-row step ms).
+    step: Option<(usize, f64, f64)>,
 }
 
 struct Line {
@@ -64,6 +85,7 @@ fn main() -> Result<()> {
     let dev = Device::Cpu;
     let store = Store::open_default()?;
     let mut lines: Vec<Line> = Vec::new();
+    let mut figures: Vec<Figures> = Vec::new();
     let kernels = match args.kernels.as_str() {
         "on" | "auto" => KernelMode::On,
         "off" => KernelMode::Off,
@@ -89,6 +111,12 @@ fn main() -> Result<()> {
             })
         };
         eprintln!("== {name}");
+        let mut fig = Figures {
+            model: name.clone(),
+            prefill: Vec::new(),
+            decode: Vec::new(),
+            step: None,
+        };
         let rss0 = rss_bytes().unwrap_or(0);
         let (m, load_s) = time(|| Ok(Model::load(&path, &dev, load)?))?;
         let rss1 = rss_bytes().unwrap_or(0);
@@ -104,10 +132,11 @@ fn main() -> Result<()> {
         // Prefill.
         for &n in &args.prefill {
             let toks = filler_tokens(n, vocab);
-            let ours = median(1, || {
+            let ours = median(args.runs, || {
                 d.prefill(&toks, args.chunk)?;
                 Ok(())
             })?;
+            fig.prefill.push((n, n as f64 / ours));
             let r = if args.no_reference {
                 None
             } else {
@@ -124,42 +153,55 @@ fn main() -> Result<()> {
                 "tok/s",
             );
         }
-        // Decode.
-        let prompt = filler_tokens(64, vocab);
+        // Decode after a prefix of each depth.
         let steps = args.decode;
-        let mut seq = d.prefill(&prompt, 64)?;
-        let mut tok = 300u32;
-        let (_, s) = time(|| {
-            for _ in 0..steps {
-                let l = d.forward(
-                    &mut [Row {
-                        seq: &mut seq,
-                        tokens: &[tok],
-                    }],
-                    LogitsAt::Last,
-                )?;
-                tok = speccompact_runtime::argmax(&l[0])?;
-            }
-            Ok(())
-        })?;
-        let ours_decode = steps as f64 / s;
-        let r = if args.no_reference {
-            None
-        } else {
-            let mut reference = Reference::load(&path, &dev)?;
-            reference.forward(&prompt, 0, &dev)?;
-            let mut tok = 300u32;
-            let (_, s) = time(|| {
-                for i in 0..steps {
-                    let l = reference.forward(&[tok], 64 + i, &dev)?;
-                    tok = l.flatten_all()?.argmax(0)?.to_scalar::<u32>()?;
+        for &depth in &args.decode_depths {
+            let prompt = filler_tokens(depth.max(1), vocab);
+            // Prefilled once; each run decodes on a fork of it.
+            let prefix = d.prefill(&prompt, args.chunk)?.freeze()?;
+            let ours = median(args.runs, || {
+                let mut seq = prefix.fork();
+                let mut tok = 300u32;
+                for _ in 0..steps {
+                    let l = d.forward(
+                        &mut [Row {
+                            seq: &mut seq,
+                            tokens: &[tok],
+                        }],
+                        LogitsAt::Last,
+                    )?;
+                    tok = speccompact_runtime::argmax(&l[0])?;
                 }
                 Ok(())
             })?;
-            Some(steps as f64 / s)
-        };
-        eprintln!("decode: ours {ours_decode:.1} tok/s");
-        push(&mut lines, "decode tok/s".into(), ours_decode, r, "tok/s");
+            drop(prefix);
+            let ours_decode = steps as f64 / ours;
+            let r = if args.no_reference {
+                None
+            } else {
+                let mut reference = Reference::load(&path, &dev)?;
+                reference.forward(&prompt, 0, &dev)?;
+                let mut tok = 300u32;
+                let (_, s) = time(|| {
+                    for i in 0..steps {
+                        let l = reference.forward(&[tok], prompt.len() + i, &dev)?;
+                        tok = l.flatten_all()?.argmax(0)?.to_scalar::<u32>()?;
+                    }
+                    Ok(())
+                })?;
+                Some(steps as f64 / s)
+            };
+            eprintln!("decode {steps} at depth {depth}: ours {ours_decode:.1} tok/s");
+            fig.decode.push((depth, ours_decode));
+            push(
+                &mut lines,
+                format!("decode {steps} tok/s at depth {depth}"),
+                ours_decode,
+                r,
+                "tok/s",
+            );
+        }
+        figures.push(fig);
         // Shared prefix, fork, batched verification.
         let ptoks = filler_tokens(args.prefix, vocab);
         let prefix = d.prefill(&ptoks, 512)?.freeze()?;
@@ -181,6 +223,9 @@ fn main() -> Result<()> {
             ratio: String::new(),
         });
         let (one, six) = step_timing(d, &prefix)?;
+        if let Some(f) = figures.last_mut() {
+            f.step = Some((args.prefix, one * 1e3, six * 1e3));
+        }
         lines.push(Line {
             model: name.clone(),
             metric: format!("decode step over {} prefix, 1 row / 6 rows", args.prefix),
@@ -268,6 +313,10 @@ fn main() -> Result<()> {
             cpu_name()
         );
         std::fs::write(p, body).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }

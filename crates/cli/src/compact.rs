@@ -7,7 +7,7 @@ use crate::settings::{EngineArgs, MethodArg, RuntimeArgs};
 use anyhow::Result;
 use clap::ValueEnum;
 use indicatif::ProgressBar;
-use speccompact_engine::{Event, Method};
+use speccompact_engine::{Backend, Event, Method};
 use speccompact_store::Store;
 
 /// Flags of `compact`.
@@ -24,6 +24,10 @@ pub struct Args {
     /// Output: `md` (the summary) or `json` (slots, lines with origins, trace).
     #[arg(long, default_value = "md", hide_possible_values = true)]
     pub format: Format,
+    /// Print the sequential method's one call to the target as JSON (`model`, `tokens`,
+    /// `max_tokens`, `text`) instead of compacting: the same prompt for a serving engine.
+    #[arg(long)]
+    pub prompt_only: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -42,6 +46,20 @@ pub fn run(a: &Args, rt: &RuntimeArgs, store: &Store) -> Result<()> {
     let method: Method = a.method.into();
     let history = read_history(&a.input, a.session.as_deref())?;
     let c = compactor(&rt.settings()?, store, &a.engine)?;
+    if a.prompt_only {
+        let [prefix, request] = c.one_call_prompt(&history)?;
+        let tokens = c
+            .target()
+            .prompt_tokens(&prefix, std::slice::from_ref(&request))?;
+        let out = serde_json::json!({
+            "model": c.target().name(),
+            "tokens": tokens,
+            "max_tokens": c.config().summary_budget,
+            "text": format!("{prefix}{request}"),
+        });
+        println!("{out}");
+        return Ok(());
+    }
     let bar = ProgressBar::new_spinner();
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     bar.set_message(format!(

@@ -337,3 +337,47 @@ fn compact_sample_session_with_tiny_models_gives_six_slots_and_a_trace() {
     assert!(trace["drafter_calls"].as_u64().unwrap() > 0, "{trace:?}");
     assert!(v["markdown"].as_str().is_some_and(|m| m.contains("## ")));
 }
+
+/// `--prompt-only` prints the sequential method's one call as token ids: the prefix the
+/// sequential run prefilled, then the request.
+#[test]
+fn prompt_only_prints_the_sequential_call_as_tokens() {
+    let s = Sandbox::new();
+    let drafter = s.tiny(Architecture::Llama, 3, 16384);
+    let target = s.tiny(Architecture::Qwen2, 5, 16384);
+    let cfg = s.file("fast.toml", FAST);
+    let common = [
+        "--threads",
+        "1",
+        "compact",
+        &sample(),
+        "--drafter",
+        &drafter,
+        "--target",
+        &target,
+        "--config",
+        &cfg,
+        "--method",
+        "sequential",
+    ];
+    let o = s.run(&[&common[..], &["--prompt-only"]].concat());
+    assert!(o.status.success(), "stderr:\n{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    let tokens = p["tokens"].as_array().expect("tokens");
+    assert!(tokens.iter().all(|t| t.as_u64().is_some()));
+    assert!(p["max_tokens"].as_u64().unwrap() > 0);
+    let text = p["text"].as_str().expect("text");
+    assert!(
+        text.contains("UploadClient") && text.contains("## "),
+        "{text}"
+    );
+    let o = s.run(&[&common[..], &["--format", "json"]].concat());
+    assert!(o.status.success(), "stderr:\n{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    let prefix = v["trace"]["target_prefix_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        prefix > 0 && prefix < tokens.len(),
+        "{prefix} of {}",
+        tokens.len()
+    );
+}

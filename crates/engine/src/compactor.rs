@@ -188,6 +188,22 @@ impl<B: Backend + 'static> Compactor<B> {
         Ok((f.text, f.omitted))
     }
 
+    /// The sequential method's one call to the target, as the texts it is tokenized from:
+    /// the shared prefix (system prompt and transcript, tokenized with BOS) and the request
+    /// for the whole summary (tokenized alone). A serving engine given these tokens writes
+    /// what the sequential method writes.
+    pub fn one_call_prompt(&self, history: &History) -> Result<[String; 2]> {
+        let f = self.fit(history, Method::Sequential)?;
+        let t = &self.inner.target;
+        let prefix = f
+            .target_prefix
+            .unwrap_or_else(|| prompt::prefix(t.format(), &self.inner.config, &f.text));
+        Ok([
+            prefix,
+            prompt::whole_request(t.format(), &self.inner.config),
+        ])
+    }
+
     /// [`Compactor::transcript`] with the target's prefix it was measured with (built and
     /// tokenized once: the prefill reuses both).
     fn fit(&self, history: &History, method: Method) -> Result<Fitted> {

@@ -113,6 +113,14 @@ impl ModelBackend {
         Ok(tokens)
     }
 
+    /// The tokens a request is run on: the prefix (with BOS when the model adds one), then
+    /// each segment tokenized alone, as the generation path does.
+    pub fn prompt_tokens(&self, prefix: &str, segments: &[String]) -> Result<Vec<u32>> {
+        let mut out = self.encode_long(prefix)?.as_ref().clone();
+        out.extend(self.tokens(&mut HashMap::new(), segments)?);
+        Ok(out)
+    }
+
     /// Tokens the model puts before a text (a BOS, or none).
     fn bos_tokens(&self) -> Result<usize> {
         let t = &self.model.tokenizer;

@@ -17,6 +17,7 @@ use crate::config::{Activation, ModelConfig, RopeStyle};
 use crate::linear::{DenseDecision, Linear};
 use crate::lookup::{Lookup, LookupMode};
 pub use crate::pass::Pass;
+use crate::profile::{span, Op};
 use crate::weights::{GgufWeights, Param, SafetensorsWeights, Weight, WeightSource};
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::Content;
@@ -181,6 +182,11 @@ impl Decoder {
                 rope: usize::from(sliding),
                 sliding,
             });
+            // Projections of one input in one matmul each (bitwise the same outputs).
+            if let Some(blk) = blocks.last_mut() {
+                Linear::stack(&mut [&mut blk.wq, &mut blk.wk, &mut blk.wv])?;
+                Linear::stack(&mut [&mut blk.gate, &mut blk.up])?;
+            }
         }
         let norm = g.norm(Param::FinalNorm, h, eps)?;
         let mut decoder = Self {
@@ -402,41 +408,55 @@ impl Decoder {
         // Masks of the batched attention, made on its first use.
         let mut masks: Option<batched::Masks> = None;
 
-        let mut x = self.embed.forward(&ids)?.reshape((b, t, cfg.hidden_size))?;
+        let mut x =
+            span(Op::Embed, || self.embed.forward(&ids))?.reshape((b, t, cfg.hidden_size))?;
         if cfg.embed_scale != 1.0 {
             x = (x * cfg.embed_scale as f64)?;
         }
         let (hq, hkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let scale = cfg.attn_scale;
         for (li, blk) in self.blocks.iter().enumerate() {
-            let h = blk.attn_norm.forward(&x)?;
-            let mut q = blk.wq.forward_pass(&h, pass)?.reshape((b, t, hq, hd))?;
-            let mut k = blk.wk.forward_pass(&h, pass)?.reshape((b, t, hkv, hd))?;
-            let v = blk.wv.forward_pass(&h, pass)?.reshape((b, t, hkv, hd))?;
+            let h = span(Op::Norm, || blk.attn_norm.forward(&x))?;
+            let mut qkv = span(Op::AttnProjection, || {
+                Linear::forward_parts(&[&blk.wq, &blk.wk, &blk.wv], &h, pass)
+            })?
+            .into_iter();
+            let (Some(q), Some(k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
+                return Err(Error::InvalidRequest("q/k/v projections missing".into()));
+            };
+            let mut q = q.reshape((b, t, hq, hd))?;
+            let mut k = k.reshape((b, t, hkv, hd))?;
+            let v = v.reshape((b, t, hkv, hd))?;
             if let (Some(qn), Some(kn)) = (&blk.q_norm, &blk.k_norm) {
-                q = qn.forward(&q)?;
-                k = kn.forward(&k)?;
+                (q, k) = span(Op::Norm, || -> Result<_> {
+                    Ok((qn.forward(&q)?, kn.forward(&k)?))
+                })?;
             }
             let q = q.transpose(1, 2)?.contiguous()?;
             let k = k.transpose(1, 2)?.contiguous()?;
             let v = v.transpose(1, 2)?.contiguous()?;
             let (cos, sin) = &ropes[blk.rope];
-            let (q, k) = match cfg.rope_style {
-                RopeStyle::Neox => (
-                    candle_nn::rotary_emb::rope(&q, cos, sin)?,
-                    candle_nn::rotary_emb::rope(&k, cos, sin)?,
-                ),
-                RopeStyle::Interleaved => (
-                    candle_nn::rotary_emb::rope_i(&q, cos, sin)?,
-                    candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
-                ),
-            };
+            let (q, k) = span(Op::Rotary, || -> Result<_> {
+                Ok(match cfg.rope_style {
+                    RopeStyle::Neox => (
+                        candle_nn::rotary_emb::rope(&q, cos, sin)?,
+                        candle_nn::rotary_emb::rope(&k, cos, sin)?,
+                    ),
+                    RopeStyle::Interleaved => (
+                        candle_nn::rotary_emb::rope_i(&q, cos, sin)?,
+                        candle_nn::rotary_emb::rope_i(&k, cos, sin)?,
+                    ),
+                })
+            })?;
             // Append the new keys/values to each row's suffix.
-            for (r, row) in rows.iter_mut().enumerate() {
-                let kr = k.i(r)?.narrow(1, 0, n[r])?;
-                let vr = v.i(r)?.narrow(1, 0, n[r])?;
-                row.seq.append_layer(li, kr, vr)?;
-            }
+            span(Op::CacheAppend, || -> Result<()> {
+                for (r, row) in rows.iter_mut().enumerate() {
+                    let kr = k.i(r)?.narrow(1, 0, n[r])?;
+                    let vr = v.i(r)?.narrow(1, 0, n[r])?;
+                    row.seq.append_layer(li, kr, vr)?;
+                }
+                Ok(())
+            })?;
             let window = if blk.sliding {
                 cfg.sliding_window
             } else {
@@ -472,7 +492,7 @@ impl Decoder {
                     scale: scale as f32,
                     window,
                 };
-                attention::attend(&q, &kv_rows, &dims)?
+                span(Op::Attention, || attention::attend(&q, &kv_rows, &dims))?
             } else {
                 let masks = match &masks {
                     Some(m) => m,
@@ -495,31 +515,40 @@ impl Decoder {
                     scale,
                 };
                 let rows: Vec<&mut Row<'_>> = rows.iter_mut().map(|r| &mut **r).collect();
-                batched::attend(&q, &rows, li, prefix.as_ref(), masks, blk.sliding, &shape)?
+                span(Op::Attention, || {
+                    batched::attend(&q, &rows, li, prefix.as_ref(), masks, blk.sliding, &shape)
+                })?
             };
-            let mut attn = blk.wo.forward_pass(&o, pass)?;
+            let mut attn = span(Op::AttnProjection, || blk.wo.forward_pass(&o, pass))?;
             if let Some(pn) = &blk.post_attn_norm {
-                attn = pn.forward(&attn)?;
+                attn = span(Op::Norm, || pn.forward(&attn))?;
             }
-            x = (x + attn)?;
-            let h = blk.ffn_norm.forward(&x)?;
-            let gate = blk.gate.forward_pass(&h, pass)?;
-            let gate = match cfg.activation {
-                Activation::Silu => candle_nn::ops::silu(&gate)?,
-                Activation::GeluTanh => gate.gelu()?,
+            x = span(Op::Residual, || x + attn)?;
+            let h = span(Op::Norm, || blk.ffn_norm.forward(&x))?;
+            let mut gate_up = span(Op::FfnProjection, || {
+                Linear::forward_parts(&[&blk.gate, &blk.up], &h, pass)
+            })?
+            .into_iter();
+            let (Some(gate), Some(up)) = (gate_up.next(), gate_up.next()) else {
+                return Err(Error::InvalidRequest("gate/up projections missing".into()));
             };
-            let mut m = blk
-                .down
-                .forward_pass(&(gate * blk.up.forward_pass(&h, pass)?)?, pass)?;
+            let act = span(Op::Activation, || -> Result<_> {
+                let gate = match cfg.activation {
+                    Activation::Silu => candle_nn::ops::silu(&gate)?,
+                    Activation::GeluTanh => gate.gelu()?,
+                };
+                Ok((gate * up)?)
+            })?;
+            let mut m = span(Op::FfnProjection, || blk.down.forward_pass(&act, pass))?;
             if let Some(pn) = &blk.post_ffn_norm {
-                m = pn.forward(&m)?;
+                m = span(Op::Norm, || pn.forward(&m))?;
             }
-            x = (x + m)?;
+            x = span(Op::Residual, || x + m)?;
         }
         for row in rows.iter_mut() {
             row.seq.push_tokens(row.tokens);
         }
-        let x = self.norm.forward(&x)?.reshape((b * t, cfg.hidden_size))?;
+        let x = span(Op::Norm, || self.norm.forward(&x))?.reshape((b * t, cfg.hidden_size))?;
         let mut pick = Vec::new();
         let mut counts = Vec::with_capacity(b);
         for r in 0..b {
@@ -540,10 +569,12 @@ impl Decoder {
         }
         let npick = pick.len();
         let pick = Tensor::from_vec(pick, npick, dev)?;
-        let logits = self
-            .lm_head
-            .forward_pass(&x.index_select(&pick, 0)?, pass)?
-            .to_dtype(DType::F32)?;
+        let logits = span(Op::Logits, || -> Result<_> {
+            Ok(self
+                .lm_head
+                .forward_pass(&x.index_select(&pick, 0)?, pass)?
+                .to_dtype(DType::F32)?)
+        })?;
         let mut out = Vec::with_capacity(b);
         let mut at_row = 0;
         for c in counts {

@@ -15,6 +15,7 @@ pub mod linear;
 pub mod lookup;
 pub mod model;
 pub mod pass;
+pub mod profile;
 pub mod settings;
 // Tiny random-weight models for tests and benchmarks: `cfg(test)` here, feature `testing` elsewhere.
 #[cfg(any(test, feature = "testing"))]

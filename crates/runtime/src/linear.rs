@@ -57,19 +57,23 @@ pub fn total_memory() -> Option<usize> {
 }
 
 /// Quant types whose CPU matmul has no SIMD kernel in candle; they are requantized to Q8_0
-/// at load (SmolLM2 Q4_1 decodes 50x faster as Q8_0 on AVX-512 machines).
-pub fn needs_conversion(dtype: GgmlDType) -> bool {
-    matches!(
-        dtype,
-        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
-    )
+/// at load (SmolLM2 Q4_1 decodes 50x faster as Q8_0 on AVX-512 machines). Q4_1 keeps its
+/// own bits where the kernels crate serves it (`kernels = "on"`, on the CPU).
+pub fn needs_conversion(dtype: GgmlDType, kernels: KernelMode, cpu: bool) -> bool {
+    match dtype {
+        GgmlDType::Q4_1 => kernels == KernelMode::Off || !cpu,
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1 => true,
+        _ => false,
+    }
 }
 
-/// Requantizes a slow quant type to Q8_0 when its rows allow it; returns the input otherwise.
-pub fn convert_slow(q: Arc<QTensor>) -> Result<Arc<QTensor>> {
+/// Requantizes a slow quant type to Q8_0 when its rows allow it (see [`needs_conversion`]);
+/// returns the input otherwise.
+pub fn convert_slow(q: Arc<QTensor>, kernels: KernelMode) -> Result<Arc<QTensor>> {
     let dims = q.shape().dims();
     let cols = dims.last().copied().unwrap_or(0);
-    if !needs_conversion(q.dtype()) || cols % GgmlDType::Q8_0.block_size() != 0 {
+    let cpu = q.device().is_cpu();
+    if !needs_conversion(q.dtype(), kernels, cpu) || cols % GgmlDType::Q8_0.block_size() != 0 {
         return Ok(q);
     }
     let dense = q.dequantize(&q.device())?;
@@ -84,7 +88,7 @@ pub enum KernelMode {
     /// AMX from 32 rows where present), so a token's logits then depend on the forward's
     /// shape: step forwards are not batch-invariant.
     Off,
-    /// The kernels crate for every weight type it implements (Q8_0, Q4_K, Q6_K), at every row
+    /// The kernels crate for every weight type it implements (Q8_0, Q4_K, Q6_K, Q4_1), at every row
     /// count: each row is computed alike whatever rows share the call, so step forwards are
     /// batch-invariant. `auto`, the spelling of earlier versions, reads as this.
     #[default]
@@ -97,6 +101,7 @@ fn weight_type(d: GgmlDType) -> Option<WeightType> {
         GgmlDType::Q8_0 => Some(WeightType::Q8_0),
         GgmlDType::Q4K => Some(WeightType::Q4K),
         GgmlDType::Q6K => Some(WeightType::Q6K),
+        GgmlDType::Q4_1 => Some(WeightType::Q4_1),
         _ => None,
     }
 }
@@ -109,17 +114,34 @@ struct Packed {
 }
 
 impl Packed {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `x`'s projection split into consecutive output ranges of the given widths.
+    fn forward_split(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
         let dims = x.dims().to_vec();
-        let k = self.matrix.cols();
+        let (k, n) = (self.matrix.cols(), self.matrix.rows());
         let rows = x.elem_count() / k;
         let data = x.flatten_all()?.to_vec1::<f32>()?;
-        let mut out = vec![0f32; rows * self.matrix.rows()];
+        let mut out = vec![0f32; rows * n];
         matmul_f32(&self.matrix, &data, rows, &mut out, self.isa)?;
-        let mut shape = dims;
-        let last = shape.len() - 1;
-        shape[last] = self.matrix.rows();
-        Ok(Tensor::from_vec(out, shape, x.device())?)
+        let shape = |w: usize| {
+            let mut s = dims.clone();
+            let last = s.len() - 1;
+            s[last] = w;
+            s
+        };
+        if widths == [n] {
+            return Ok(vec![Tensor::from_vec(out, shape(n), x.device())?]);
+        }
+        let mut parts = Vec::with_capacity(widths.len());
+        let mut at = 0;
+        for &w in widths {
+            let mut v = Vec::with_capacity(rows * w);
+            for r in 0..rows {
+                v.extend_from_slice(&out[r * n + at..r * n + at + w]);
+            }
+            parts.push(Tensor::from_vec(v, shape(w), x.device())?);
+            at += w;
+        }
+        Ok(parts)
     }
 }
 
@@ -178,7 +200,10 @@ pub fn kernel_isa() -> Isa {
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: QMatMul,
+    /// The kernels crate's copy: this weight's own, or a stack of several projections of the
+    /// same input that this one is the output range `part` of ([`Linear::stack`]).
     packed: Option<Arc<Packed>>,
+    part: Option<(usize, usize)>,
     dense: Option<(Tensor, usize)>,
     bias: Option<Tensor>,
 }
@@ -210,6 +235,7 @@ impl Linear {
         Ok(Self {
             weight: QMatMul::from_arc(weight)?,
             packed,
+            part: None,
             dense,
             bias,
         })
@@ -228,6 +254,7 @@ impl Linear {
             Weight::Dense(t) => Ok(Self {
                 weight: QMatMul::Tensor(t),
                 packed: None,
+                part: None,
                 dense: None,
                 bias,
             }),
@@ -250,6 +277,87 @@ impl Linear {
         }
     }
 
+    /// Stacks the kernels crate's copies of projections of one input into one matrix, so a
+    /// forward computes them in one matmul ([`Linear::forward_parts`]); each output is
+    /// computed bitwise as before. Leaves them as they are (and returns false) unless every
+    /// one has a kernels-crate copy of one weight type and input width, and every one but
+    /// the last a whole number of 16-output tiles.
+    pub fn stack(parts: &mut [&mut Linear]) -> Result<bool> {
+        let mut mats = Vec::with_capacity(parts.len());
+        for p in parts.iter() {
+            match (&p.packed, p.part) {
+                (Some(k), None) => mats.push(&k.matrix),
+                _ => return Ok(false),
+            }
+        }
+        let isa = match &parts[0].packed {
+            Some(k) => k.isa,
+            None => return Ok(false),
+        };
+        let Ok(matrix) = PackedMatrix::stack(&mats) else {
+            return Ok(false);
+        };
+        let stacked = Arc::new(Packed { matrix, isa });
+        let mut at = 0;
+        for p in parts.iter_mut() {
+            let w = p.out_features();
+            p.packed = Some(stacked.clone());
+            p.part = Some((at, w));
+            at += w;
+        }
+        Ok(true)
+    }
+
+    /// Outputs of this projection.
+    fn out_features(&self) -> usize {
+        match (&self.packed, self.part) {
+            (_, Some((_, w))) => w,
+            (Some(k), None) => k.matrix.rows(),
+            _ => self.weight_rows(),
+        }
+    }
+
+    fn weight_rows(&self) -> usize {
+        match &self.weight {
+            QMatMul::QTensor(q) => q.shape().dims().first().copied().unwrap_or(0),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims().first().copied().unwrap_or(0),
+        }
+    }
+
+    /// Every part's projection of `x`: one matmul when they were stacked together (and no
+    /// dense copy serves this forward), else one forward each.
+    pub fn forward_parts(parts: &[&Linear], x: &Tensor, pass: Pass) -> Result<Vec<Tensor>> {
+        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
+        let stacked = parts.first().and_then(|p| p.packed.as_ref()).filter(|k| {
+            !parts.iter().any(|p| p.dense_serves(pass, rows))
+                && parts.iter().enumerate().all(|(i, p)| {
+                    p.packed.as_ref().is_some_and(|q| Arc::ptr_eq(q, k))
+                        && p.part.is_some_and(|(at, _)| {
+                            at == parts[..i].iter().map(|q| q.out_features()).sum::<usize>()
+                        })
+                })
+                && parts.iter().map(|p| p.out_features()).sum::<usize>() == k.matrix.rows()
+        });
+        let Some(k) = stacked else {
+            return parts.iter().map(|p| p.forward_pass(x, pass)).collect();
+        };
+        let widths: Vec<usize> = parts.iter().map(|p| p.out_features()).collect();
+        let ys = k.forward_split(x, &widths)?;
+        parts.iter().zip(ys).map(|(p, y)| p.add_bias(y)).collect()
+    }
+
+    /// Whether the dense copy serves a forward of `rows` rows in `pass`.
+    fn dense_serves(&self, pass: Pass, rows: usize) -> bool {
+        matches!(&self.dense, Some((_, min_rows)) if pass == Pass::Prefill && rows >= *min_rows)
+    }
+
+    fn add_bias(&self, y: Tensor) -> Result<Tensor> {
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+
     /// Applies the projection to `x` of shape (.., in) as a step forward.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_pass(x, Pass::Step)
@@ -261,7 +369,7 @@ impl Linear {
     pub fn forward_pass(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
         let y = match (&self.dense, &self.packed) {
-            (Some((w, min_rows)), _) if pass == Pass::Prefill && rows >= *min_rows => {
+            (Some((w, _)), _) if self.dense_serves(pass, rows) => {
                 let dims = x.dims().to_vec();
                 let x2 = x.reshape((rows, dims[dims.len() - 1]))?;
                 let y = x2.matmul(&w.t()?)?;
@@ -270,13 +378,18 @@ impl Linear {
                 out[last] = w.dim(0)?;
                 y.reshape(out)?
             }
-            (_, Some(p)) => p.forward(x)?,
+            // A part of a stack: the stack's matmul, this part's range.
+            (_, Some(p)) => {
+                let (at, w) = self.part.unwrap_or((0, p.matrix.rows()));
+                let n = p.matrix.rows();
+                let widths: Vec<usize> =
+                    [at, w, n - at - w].into_iter().filter(|&v| v > 0).collect();
+                let i = usize::from(at > 0);
+                p.forward_split(x, &widths)?.swap_remove(i)
+            }
             _ => self.weight.forward(x)?,
         };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        self.add_bias(y)
     }
 }
 
@@ -290,18 +403,24 @@ mod tests {
     use candle_core::Device;
 
     #[test]
-    fn q4_1_is_converted_and_stays_close() {
+    fn q4_1_is_converted_for_candle_only_and_stays_close() {
         let dev = Device::Cpu;
         let w = Tensor::randn(0f32, 1.0, (64, 128), &dev).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+        let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q4_1).unwrap());
+        // The kernels crate serves Q4_1 as it is.
+        let kept = convert_slow(q.clone(), KernelMode::On).unwrap();
+        assert_eq!(kept.dtype(), GgmlDType::Q4_1);
         let before = q.dequantize(&dev).unwrap();
-        let c = convert_slow(Arc::new(q)).unwrap();
+        let c = convert_slow(q, KernelMode::Off).unwrap();
         assert_eq!(c.dtype(), GgmlDType::Q8_0);
         let after = c.dequantize(&dev).unwrap();
         let err = (before - after).unwrap().abs().unwrap().max_all().unwrap();
         assert!(err.to_scalar::<f32>().unwrap() < 0.05);
         let q8 = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-        assert_eq!(convert_slow(Arc::new(q8)).unwrap().dtype(), GgmlDType::Q8_0);
+        assert_eq!(
+            convert_slow(Arc::new(q8), KernelMode::Off).unwrap().dtype(),
+            GgmlDType::Q8_0
+        );
     }
 
     #[test]
@@ -333,5 +452,56 @@ mod tests {
                 .unwrap())
         .sqrt();
         assert!(rel < 0.02, "relative error {rel}");
+    }
+
+    /// Stacked projections give each part bitwise what it gives alone, biases included, in
+    /// one forward and called one by one; a stack of mixed types is refused and left as is.
+    #[test]
+    fn stacked_projections_are_bitwise_their_parts() {
+        let dev = Device::Cpu;
+        let lin = |n: usize, dtype: GgmlDType, bias: bool| {
+            let w = Tensor::randn(0f32, 1.0, (n, 256), &dev).unwrap();
+            let q = Arc::new(QTensor::quantize(&w, dtype).unwrap());
+            let b = bias.then(|| Tensor::randn(0f32, 1.0, n, &dev).unwrap());
+            Linear::with_kernels(q, b, DenseMode::Off, KernelMode::On).unwrap()
+        };
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let x = Tensor::randn(0f32, 1.0, (2, 3, 256), &dev).unwrap();
+        let (q, k, v) = (
+            lin(64, GgmlDType::Q4K, true),
+            lin(32, GgmlDType::Q4K, true),
+            lin(40, GgmlDType::Q4K, false),
+        );
+        let alone: Vec<Vec<u32>> = [&q, &k, &v]
+            .iter()
+            .map(|l| bits(&l.forward(&x).unwrap()))
+            .collect();
+        let (mut sq, mut sk, mut sv) = (q.clone(), k.clone(), v.clone());
+        assert!(Linear::stack(&mut [&mut sq, &mut sk, &mut sv]).unwrap());
+        let parts = Linear::forward_parts(&[&sq, &sk, &sv], &x, Pass::Step).unwrap();
+        for (i, p) in parts.iter().enumerate() {
+            assert_eq!(bits(p), alone[i], "part {i} in the stacked forward");
+        }
+        for (i, l) in [&sq, &sk, &sv].iter().enumerate() {
+            assert_eq!(bits(&l.forward(&x).unwrap()), alone[i], "part {i} alone");
+        }
+        // Parts out of order are computed one by one, still the same.
+        let swapped = Linear::forward_parts(&[&sk, &sq], &x, Pass::Step).unwrap();
+        assert_eq!(bits(&swapped[0]), alone[1]);
+        // Mixed weight types are not stacked.
+        let (mut a, mut b) = (
+            lin(32, GgmlDType::Q4K, false),
+            lin(32, GgmlDType::Q6K, false),
+        );
+        assert!(!Linear::stack(&mut [&mut a, &mut b]).unwrap());
+        assert_eq!(a.part, None);
     }
 }

@@ -30,7 +30,9 @@ impl Loader<'_> {
             ));
         }
         Ok(match w {
-            Weight::Quant(q) if self.opts.convert_slow_quants => Weight::Quant(convert_slow(q)?),
+            Weight::Quant(q) if self.opts.convert_slow_quants => {
+                Weight::Quant(convert_slow(q, self.opts.kernels)?)
+            }
             other => other,
         })
     }
@@ -113,7 +115,10 @@ pub(super) fn decide_dense(
     }
     for p in [Param::Up(0), Param::Down(0)] {
         let dtype = match src.get(p)? {
-            Some(Weight::Quant(q)) => convert_slow(q)?.dtype(),
+            Some(Weight::Quant(q)) if opts.convert_slow_quants => {
+                convert_slow(q, opts.kernels)?.dtype()
+            }
+            Some(Weight::Quant(q)) => q.dtype(),
             _ => return decided(DenseMode::Off, "dense weights already".into()),
         };
         if dtype != GgmlDType::Q8_0 {

@@ -7,7 +7,8 @@ use crate::lookup::LookupMode;
 /// How weights are prepared at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// Requantize quant types without a fast kernel (Q4_1, Q5_x, Q8_1) to Q8_0.
+    /// Requantize quant types without a fast kernel (Q5_x, Q8_1; Q4_1 unless the kernels
+    /// crate serves it) to Q8_0.
     pub convert_slow_quants: bool,
     /// Whether to keep dense copies of the projection weights for long forwards.
     pub dense: DenseMode,

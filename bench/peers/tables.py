@@ -1,0 +1,192 @@
+"""Tables and requests for bench/peers/llama-cpp.sh (standard library only).
+
+  tables.py decode DIR MODEL...          llama-bench and runtime-bench JSON -> markdown
+  tables.py request PROMPT.json PORT     one greedy /completion on llama-server -> JSON
+  tables.py server DIR HISTORY TARGET NGRAM   ours vs llama-server -> markdown
+"""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def cpu():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def built_with():
+    out = subprocess.run(
+        ["bash", os.path.join(os.path.dirname(__file__), "llama-cpp.sh"), "build"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return out.strip()
+
+
+def llama_ts(records, n_prompt, n_gen, depth):
+    """Median tokens/s of llama-bench's test (n_prompt, n_gen) at `depth`."""
+    for r in records:
+        if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen and r.get("n_depth", 0) == depth:
+            samples = r.get("samples_ts") or [r["avg_ts"]]
+            return statistics.median(samples)
+    return None
+
+
+def decode(d, models):
+    rows, steps = [], []
+    for m in models:
+        with open(os.path.join(d, f"{m}.llama.json")) as f:
+            llama = json.load(f)
+        with open(os.path.join(d, f"{m}.ours.json")) as f:
+            ours = json.load(f)[0]
+        for depth, ts in ours["decode"]:
+            peer = llama_ts(llama, 0, 128, depth)
+            rows.append((m, f"decode 128 tok/s, depth {depth}", ts, peer))
+        for n, ts in ours["prefill"]:
+            peer = llama_ts(llama, n, 0, 0)
+            rows.append((m, f"prefill {n} tok/s", ts, peer))
+        if ours.get("step"):
+            depth, one, six = ours["step"]
+            steps.append((m, depth, one, six))
+    out = [
+        "# Decode and prefill beside llama.cpp, same GGUF files, same sitting",
+        "",
+        "Command: `bash bench/peers/llama-cpp.sh decode " + " ".join(models) + "`",
+        "(llama-bench `-p 512 -n 128 -d 0,4096 -r 5`; ours `runtime-bench --prefill 512 "
+        "--decode 128 --decode-depths 0,4096 --runs 5 --no-reference --no-dense`; medians of 5).",
+        "",
+        f"CPU: {cpu()}, threads: {os.environ.get('THREADS', '2')}",
+        "",
+        "```",
+        built_with(),
+        "```",
+        "",
+        "| model | figure | speccompact | llama.cpp | ours ÷ theirs |",
+        "|---|---|---|---|---|",
+    ]
+    for m, what, ts, peer in rows:
+        ratio = f"{ts / peer:.2f}×" if peer else ""
+        theirs = f"{peer:.1f}" if peer else "n/a"
+        out.append(f"| {m} | {what} | {ts:.1f} | {theirs} | {ratio} |")
+    out += [
+        "",
+        "Our decode step over a shared prefix, one row and six rows (runtime-bench, median of 5):",
+        "",
+        "| model | prefix | 1 row ms | 6 rows ms | 6 rows ÷ 1 row |",
+        "|---|---|---|---|---|",
+    ]
+    for m, depth, one, six in steps:
+        out.append(f"| {m} | {depth} | {one:.1f} | {six:.1f} | {six / one:.2f}× |")
+    print("\n".join(out))
+
+
+def request(prompt_file, port):
+    with open(prompt_file) as f:
+        p = json.load(f)
+    body = {
+        "prompt": p["tokens"],
+        "n_predict": p["max_tokens"],
+        "temperature": 0.0,
+        "top_k": 1,
+        "samplers": ["top_k"],
+        "cache_prompt": False,
+        "stream": False,
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    t = time.monotonic()
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        resp = json.load(r)
+    resp["wall_s"] = time.monotonic() - t
+    print(json.dumps(resp))
+
+
+def server(d, history, target, ngram):
+    def load(name):
+        with open(os.path.join(d, name)) as f:
+            return json.load(f)
+
+    prompt = load("prompt.json")
+    rows = []
+    for mode in ("off", "auto"):
+        o = load(f"ours-{mode}.json")
+        t = o["trace"]
+        decode_s = t["repair_ms"] / 1e3
+        lk = t.get("lookup", {}).get("target", {})
+        rows.append((
+            f"speccompact sequential, lookup {mode}",
+            t["wall_ms"] / 1e3,
+            t["target_prefix_tokens"], t["prefill_ms"] / 1e3,
+            t["target_tokens"], decode_s,
+            f"{lk.get('kept', 0)} of {lk.get('drafted', 0)}" if lk else "",
+            o["markdown"],
+        ))
+    for variant in ("plain", "ngram"):
+        r = load(f"peer-{variant}.json")
+        tm = r["timings"]
+        drafted = tm.get("draft_n")
+        rows.append((
+            "llama-server" + (f", {ngram}" if variant == "ngram" else ""),
+            r["wall_s"],
+            tm["prompt_n"], tm["prompt_ms"] / 1e3,
+            tm["predicted_n"], tm["predicted_ms"] / 1e3,
+            f"{tm.get('draft_n_accepted', 0)} of {drafted}" if drafted else "",
+            r["content"],
+        ))
+    out = [
+        "# One-call summary: speccompact's sequential method and llama-server, same prompt tokens",
+        "",
+        f"Command: `bash bench/peers/llama-cpp.sh server {os.path.relpath(history)}` "
+        f"(TARGET={target}); the prompt is `speccompact compact --method sequential "
+        "--prompt-only` sent to `/completion` as token ids, greedy, no prompt cache.",
+        "",
+        f"CPU: {cpu()}, threads: {os.environ.get('THREADS', '2')}",
+        "",
+        "```",
+        built_with(),
+        "```",
+        "",
+        f"Prompt: {len(prompt['tokens'])} tokens, at most {prompt['max_tokens']} new.",
+        "",
+        "| run | wall s | prefill tokens | prefill s | prefill tok/s | decode tokens | decode s "
+        "| decode tok/s | drafts kept | same lines as ours (lookup off) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    def lines(text):
+        # Ours is re-assembled under the slot headings; compare the lines, not the layout.
+        return [l.strip().lstrip("#").strip() for l in text.splitlines() if l.strip()]
+
+    ref = lines(rows[0][7])
+    for name, wall, pn, ps, dn, ds, kept, text in rows:
+        same = "yes" if lines(text) == ref else "no"
+        out.append(
+            f"| {name} | {wall:.1f} | {pn} | {ps:.1f} | {pn / max(ps, 1e-9):.1f} | {dn} | "
+            f"{ds:.1f} | {dn / max(ds, 1e-9):.1f} | {kept} | {same} |"
+        )
+    out += ["", "Texts:", ""]
+    for name, *_, text in rows:
+        out += [f"<details><summary>{name}</summary>", "", "```", text.strip(), "```", "</details>", ""]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "decode":
+        decode(args[0], args[1:])
+    elif cmd == "request":
+        request(args[0], args[1])
+    elif cmd == "server":
+        server(*args)
+    else:
+        sys.exit(f"tables.py: unknown command {cmd}")
