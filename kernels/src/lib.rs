@@ -26,4 +26,4 @@ pub use activations::{QuantizedRows, ACT_BLOCK};
 pub use error::{Error, Result};
 pub use formats::{PackedMatrix, WeightType};
 pub use isa::Isa;
-pub use matmul::{matmul, matmul_f32};
+pub use matmul::{matmul, matmul_f32, matmul_f32_outputs, matmul_outputs};

@@ -18,7 +18,31 @@ const PARALLEL_MIN: usize = 1 << 19;
 /// `out[r][j] = Σ_i x[r][i] · w[j][i]` for the `m` quantized rows of `x` (`out` is `m × n`,
 /// row-major), on instruction set `isa`.
 pub fn matmul(w: &PackedMatrix, x: &QuantizedRows, out: &mut [f32], isa: Isa) -> Result<()> {
-    let (m, n, k) = (x.rows(), w.rows(), w.cols());
+    matmul_outputs(w, x, 0..w.rows(), out, isa)
+}
+
+/// [`matmul`] for outputs `outputs` of `w` only (`out` is `m × outputs.len()`): the range
+/// must start on a tile boundary and end on one or at `w.rows()`. Each output is computed
+/// as [`matmul`] computes it.
+pub fn matmul_outputs(
+    w: &PackedMatrix,
+    x: &QuantizedRows,
+    outputs: std::ops::Range<usize>,
+    out: &mut [f32],
+    isa: Isa,
+) -> Result<()> {
+    if outputs.start % TILE_N != 0
+        || outputs.end > w.rows()
+        || outputs.start > outputs.end
+        || (outputs.end % TILE_N != 0 && outputs.end != w.rows())
+    {
+        return Err(Error::Shape(format!(
+            "outputs {outputs:?} of {} are not whole tiles of {TILE_N}",
+            w.rows()
+        )));
+    }
+    let first = outputs.start / TILE_N;
+    let (m, n, k) = (x.rows(), outputs.len(), w.cols());
     if x.cols() != k {
         return Err(Error::Shape(format!(
             "activations have {} values per row, weights {k}",
@@ -48,7 +72,7 @@ pub fn matmul(w: &PackedMatrix, x: &QuantizedRows, out: &mut [f32], isa: Isa) ->
         for r0 in (0..m).step_by(ROW_TILE) {
             let rows = ROW_TILE.min(m - r0);
             let b = &mut buf[..rows * TILE_N];
-            tile(isa, ty, w.tile(t), x, r0, b);
+            tile(isa, ty, w.tile(first + t), x, r0, b);
             for (i, vals) in b.chunks_exact(TILE_N).enumerate() {
                 for (c, v) in vals[..cols].iter().enumerate() {
                     // SAFETY: inside the m × n output; each tile is one task's.
@@ -72,13 +96,31 @@ thread_local! {
 /// [`matmul`] on f32 activations (`m × k`, row-major): quantizes them once into a per-thread
 /// buffer, then runs the kernel.
 pub fn matmul_f32(w: &PackedMatrix, x: &[f32], m: usize, out: &mut [f32], isa: Isa) -> Result<()> {
+    matmul_f32_outputs(w, x, m, 0..w.rows(), out, isa)
+}
+
+/// [`matmul_outputs`] on f32 activations, as [`matmul_f32`].
+pub fn matmul_f32_outputs(
+    w: &PackedMatrix,
+    x: &[f32],
+    m: usize,
+    outputs: std::ops::Range<usize>,
+    out: &mut [f32],
+    isa: Isa,
+) -> Result<()> {
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut q) => {
             q.requantize(x, m, w.cols())?;
-            matmul(w, &q, out, isa)
+            matmul_outputs(w, &q, outputs, out, isa)
         }
         // Re-entered on this thread (a pool task stolen while waiting): a buffer of its own.
-        Err(_) => matmul(w, &QuantizedRows::quantize(x, m, w.cols())?, out, isa),
+        Err(_) => matmul_outputs(
+            w,
+            &QuantizedRows::quantize(x, m, w.cols())?,
+            outputs,
+            out,
+            isa,
+        ),
     })
 }
 
