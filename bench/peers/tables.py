@@ -31,6 +31,12 @@ def built_with():
     return out.strip()
 
 
+def machine():
+    """The lines every table opens with: CPU, threads and what llama.cpp was built with."""
+    threads = os.environ.get("THREADS", "2")
+    return [f"CPU: {cpu()}, threads: {threads}", "", "```", built_with(), "```", ""]
+
+
 def llama_ts(records, n_prompt, n_gen, depth):
     """Median tokens/s of llama-bench's test (n_prompt, n_gen) at `depth`."""
     for r in records:
@@ -63,12 +69,7 @@ def decode(d, models):
         "(llama-bench `-p 512 -n 128 -d 0,4096 -r 5`; ours `runtime-bench --prefill 512 "
         "--decode 128 --decode-depths 0,4096 --runs 5 --no-reference --no-dense`; medians of 5).",
         "",
-        f"CPU: {cpu()}, threads: {os.environ.get('THREADS', '2')}",
-        "",
-        "```",
-        built_with(),
-        "```",
-        "",
+        *machine(),
         "| model | figure | speccompact | llama.cpp | ours ÷ theirs |",
         "|---|---|---|---|---|",
     ]
@@ -151,12 +152,7 @@ def server(d, history, target, ngram):
         f"(TARGET={target}); the prompt is `speccompact compact --method sequential "
         "--prompt-only` sent to `/completion` as token ids, greedy, no prompt cache.",
         "",
-        f"CPU: {cpu()}, threads: {os.environ.get('THREADS', '2')}",
-        "",
-        "```",
-        built_with(),
-        "```",
-        "",
+        *machine(),
         f"Prompt: {len(prompt['tokens'])} tokens, at most {prompt['max_tokens']} new.",
         "",
         "| run | wall s | prefill tokens | prefill s | prefill tok/s | decode tokens | decode s "
