@@ -477,7 +477,6 @@ impl Decoder {
                         .suffix_layer(li)
                         .ok_or_else(|| Error::InvalidRequest("suffix cache missing".into()))?;
                     kv_rows.push(attention::RowKv {
-                        prefix: pkv.map(|p| (&p.k, &p.v)),
                         suffix: (&kv.k, &kv.v),
                         cached: s[r],
                         new: n[r],
@@ -492,7 +491,9 @@ impl Decoder {
                     scale: scale as f32,
                     window,
                 };
-                span(Op::Attention, || attention::attend(&q, &kv_rows, &dims))?
+                span(Op::Attention, || {
+                    attention::attend(&q, pkv.map(|p| (&p.k, &p.v)), &kv_rows, &dims)
+                })?
             } else {
                 let masks = match &masks {
                     Some(m) => m,
