@@ -3,12 +3,13 @@
 //! A prefix is computed once and frozen; any number of [`Sequence`]s reference it through an
 //! `Arc` and never copy it. Each sequence owns only the keys and values of its own suffix,
 //! which can be extended (by a forward), rolled back to a length, forked and dropped.
-//! Tensors in candle are immutable handles, so a fork shares the suffix storage too until
-//! one side extends it.
+//! A suffix lives in buffers with room to grow, written in place as the sequence extends;
+//! forks share the buffers, and of two sequences extending past the positions they share,
+//! the first writes in place and the other copies into buffers of its own.
 
 use crate::{Error, Result};
 use candle_core::Tensor;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Keys and values of one layer, each of shape (kv_heads, len, head_dim).
@@ -35,6 +36,101 @@ impl LayerKv {
     fn bytes(&self) -> usize {
         (self.k.elem_count() + self.v.elem_count()) * self.k.dtype().size_in_bytes()
     }
+}
+
+/// Positions a suffix buffer holds at least.
+const MIN_CAPACITY: usize = 16;
+
+/// One layer's suffix: views of the first positions of buffers (kv_heads, capacity,
+/// head_dim) that forks share. `written` counts the buffer positions any sharer has written;
+/// a sequence writes past its own length in place only while that count equals it (nobody
+/// else's view reaches further), and otherwise copies into new buffers.
+#[derive(Debug, Clone)]
+struct Suffix {
+    view: LayerKv,
+    k: Tensor,
+    v: Tensor,
+    written: Arc<AtomicUsize>,
+}
+
+impl Suffix {
+    /// A suffix holding `k`, `v` (kv_heads, n, head_dim).
+    fn new(k: &Tensor, v: &Tensor) -> Result<Self> {
+        let n = k.dims()[1];
+        let cap = n.max(MIN_CAPACITY);
+        let mut s = Self {
+            view: LayerKv {
+                k: k.narrow(1, 0, 0)?,
+                v: v.narrow(1, 0, 0)?,
+            },
+            k: grown(k, 0, cap)?,
+            v: grown(v, 0, cap)?,
+            written: Arc::new(AtomicUsize::new(n)),
+        };
+        s.write(k, v, 0)?;
+        Ok(s)
+    }
+
+    /// Appends `k`, `v` (kv_heads, n, head_dim) after the suffix's positions.
+    fn extend(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (len, n) = (self.view.len(), k.dims()[1]);
+        let in_place = len + n <= self.k.dims()[1]
+            && self
+                .written
+                .compare_exchange(len, len + n, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        if !in_place {
+            let cap = (len + n).max(2 * len).max(MIN_CAPACITY);
+            let (bk, bv) = (
+                grown(&self.view.k, len, cap)?,
+                grown(&self.view.v, len, cap)?,
+            );
+            (self.k, self.v) = (bk, bv);
+            self.written = Arc::new(AtomicUsize::new(len + n));
+        }
+        self.write(k, v, len)
+    }
+
+    /// Writes `k`, `v` at buffer position `at` and makes the view end after them.
+    fn write(&mut self, k: &Tensor, v: &Tensor, at: usize) -> Result<()> {
+        self.k.slice_set(k, 1, at)?;
+        self.v.slice_set(v, 1, at)?;
+        let len = at + k.dims()[1];
+        self.view = LayerKv {
+            k: self.k.narrow(1, 0, len)?,
+            v: self.v.narrow(1, 0, len)?,
+        };
+        Ok(())
+    }
+
+    /// Keeps the first `keep` positions; the buffers are reused when no fork shares them.
+    fn truncate(&mut self, keep: usize) -> Result<()> {
+        self.view = self.view.narrow(keep)?;
+        if Arc::strong_count(&self.written) == 1 {
+            self.written.store(keep, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+/// A new buffer of `cap` positions shaped like `t` (kv_heads, _, head_dim), holding `t`'s
+/// first `len` positions.
+fn grown(t: &Tensor, len: usize, cap: usize) -> Result<Tensor> {
+    let (h, hd) = (t.dims()[0], t.dims()[2]);
+    let buf = Tensor::zeros((h, cap, hd), t.dtype(), t.device())?;
+    if len > 0 {
+        buf.slice_set(&t.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
+    }
+    Ok(buf)
+}
+
+/// `t` in storage of its own (a frozen prefix must not share a buffer a fork writes into).
+fn own_storage(t: &Tensor) -> Result<Tensor> {
+    Ok(if t.is_contiguous() {
+        t.copy()?
+    } else {
+        t.contiguous()?
+    })
 }
 
 static NEXT_PREFIX_ID: AtomicU64 = AtomicU64::new(1);
@@ -116,7 +212,7 @@ impl Prefix {
 pub struct Sequence {
     prefix: Option<Arc<Prefix>>,
     tokens: Vec<u32>,
-    layers: Vec<Option<LayerKv>>,
+    layers: Vec<Option<Suffix>>,
 }
 
 impl Sequence {
@@ -182,8 +278,9 @@ impl Sequence {
         }
     }
 
-    /// A second sequence with the same prefix and suffix. The prefix is shared by reference;
-    /// the suffix tensors are shared until either sequence is extended.
+    /// A second sequence with the same prefix and suffix. The prefix is shared by reference,
+    /// the suffix buffers too: the first of the two to extend writes in place, the other
+    /// copies its suffix when it extends.
     pub fn fork(&self) -> Sequence {
         self.clone()
     }
@@ -202,10 +299,10 @@ impl Sequence {
         }
         self.tokens.truncate(keep);
         for layer in self.layers.iter_mut() {
-            *layer = match layer.take() {
-                Some(kv) if keep > 0 => Some(kv.narrow(keep)?),
-                _ => None,
-            };
+            match layer {
+                Some(s) if keep > 0 => s.truncate(keep)?,
+                _ => *layer = None,
+            }
         }
         Ok(())
     }
@@ -220,15 +317,15 @@ impl Sequence {
         let mut layers = Vec::with_capacity(self.layers.len());
         for (i, suffix) in self.layers.into_iter().enumerate() {
             let pre = self.prefix.as_ref().and_then(|p| p.layers.get(i));
-            let kv = match (pre, suffix) {
+            let kv = match (pre, suffix.map(|s| s.view)) {
                 (Some(p), Some(s)) => LayerKv {
                     k: Tensor::cat(&[&p.k, &s.k], 1)?,
                     v: Tensor::cat(&[&p.v, &s.v], 1)?,
                 },
                 (Some(p), None) => p.clone(),
                 (None, Some(s)) => LayerKv {
-                    k: s.k.contiguous()?,
-                    v: s.v.contiguous()?,
+                    k: own_storage(&s.k)?,
+                    v: own_storage(&s.v)?,
                 },
                 (None, None) => {
                     return Err(Error::InvalidRequest(
@@ -250,13 +347,14 @@ impl Sequence {
         }))
     }
 
-    /// Bytes held by this sequence's own suffix (the prefix is not counted).
+    /// Bytes of the keys and values of this sequence's own suffix positions (the prefix is
+    /// not counted; the buffers hold up to twice as many positions).
     pub fn suffix_kv_bytes(&self) -> usize {
-        self.layers.iter().flatten().map(LayerKv::bytes).sum()
+        self.layers.iter().flatten().map(|s| s.view.bytes()).sum()
     }
 
     pub(crate) fn suffix_layer(&self, i: usize) -> Option<&LayerKv> {
-        self.layers.get(i).and_then(|l| l.as_ref())
+        self.layers.get(i).and_then(|l| l.as_ref()).map(|s| &s.view)
     }
 
     /// Appends new keys/values (kv_heads, n, head_dim) to layer `i`'s suffix.
@@ -265,14 +363,14 @@ impl Sequence {
             .layers
             .get_mut(i)
             .ok_or_else(|| Error::InvalidRequest(format!("sequence has no layer {i}")))?;
-        *slot = Some(match slot.take() {
-            Some(old) => LayerKv {
-                k: Tensor::cat(&[&old.k, &k], 1)?,
-                v: Tensor::cat(&[&old.v, &v], 1)?,
-            },
-            None => LayerKv { k, v },
-        });
-        Ok(())
+        let (k, v) = (k.contiguous()?, v.contiguous()?);
+        match slot {
+            Some(s) => s.extend(&k, &v),
+            None => {
+                *slot = Some(Suffix::new(&k, &v)?);
+                Ok(())
+            }
+        }
     }
 
     pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
@@ -280,7 +378,7 @@ impl Sequence {
     }
 
     pub(crate) fn check_consistent(&self) -> Result<()> {
-        for kv in self.layers.iter().flatten() {
+        for kv in self.layers.iter().flatten().map(|s| &s.view) {
             if kv.len() != self.tokens.len() {
                 return Err(Error::InvalidRequest(format!(
                     "sequence cache holds {} positions but {} suffix tokens",
@@ -383,5 +481,92 @@ mod tests {
         );
         assert!(Arc::ptr_eq(&p.truncated(5).unwrap(), &p));
         assert!(p.truncated(0).is_err() && p.truncated(6).is_err());
+    }
+
+    fn same_storage(a: &Tensor, b: &Tensor) -> bool {
+        let ptr = |t: &Tensor| match &*t.storage_and_layout().0 {
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => v.as_ptr(),
+            _ => std::ptr::null(),
+        };
+        ptr(a) == ptr(b)
+    }
+
+    fn first(s: &Sequence, layer: usize) -> Vec<f32> {
+        let kv = s.suffix_layer(layer).unwrap();
+        let k = kv.k.to_vec3::<f32>().unwrap();
+        k[1].iter().map(|p| p[0]).collect()
+    }
+
+    fn extend(s: &mut Sequence, fill: f32) {
+        for l in 0..2 {
+            let (k, v) = kv(1, fill);
+            s.append_layer(l, k, v).unwrap();
+        }
+        s.push_tokens(&[fill as u32]);
+    }
+
+    #[test]
+    fn extending_writes_in_place_until_a_fork_has_written_there() {
+        let mut a = seq_with(2);
+        extend(&mut a, 3.0);
+        let buffer = a.layers[0].as_ref().unwrap().k.clone();
+        extend(&mut a, 4.0);
+        assert!(
+            same_storage(&a.suffix_layer(0).unwrap().k, &buffer),
+            "in place"
+        );
+        let mut b = a.fork();
+        extend(&mut a, 5.0);
+        assert!(same_storage(&a.suffix_layer(0).unwrap().k, &buffer));
+        // b shares the buffer but a wrote past b's positions: b copies.
+        extend(&mut b, 6.0);
+        assert!(!same_storage(&b.suffix_layer(0).unwrap().k, &buffer));
+        assert_eq!(first(&a, 0), [1.0, 1.0, 3.0, 4.0, 5.0]);
+        assert_eq!(first(&b, 1), [1.0, 1.0, 3.0, 4.0, 6.0]);
+        a.check_consistent().unwrap();
+        b.check_consistent().unwrap();
+    }
+
+    #[test]
+    fn a_rolled_back_sequence_reuses_its_buffer_only_when_unshared() {
+        let mut a = seq_with(3);
+        extend(&mut a, 3.0);
+        let buffer = a.layers[0].as_ref().unwrap().k.clone();
+        let b = a.fork();
+        a.truncate(2).unwrap();
+        extend(&mut a, 8.0);
+        assert!(
+            !same_storage(&a.suffix_layer(0).unwrap().k, &buffer),
+            "b still reads it"
+        );
+        assert_eq!(first(&b, 0), [1.0, 1.0, 1.0, 3.0]);
+        drop(b);
+        let mut c = seq_with(3);
+        extend(&mut c, 3.0);
+        let buffer = c.layers[0].as_ref().unwrap().k.clone();
+        c.truncate(2).unwrap();
+        extend(&mut c, 9.0);
+        assert!(
+            same_storage(&c.suffix_layer(0).unwrap().k, &buffer),
+            "reused"
+        );
+        assert_eq!(first(&c, 1), [1.0, 1.0, 9.0]);
+    }
+
+    #[test]
+    fn a_frozen_prefix_keeps_its_values_while_forks_write_on() {
+        let mut a = seq_with(MIN_CAPACITY);
+        let mut b = a.fork();
+        let buffer = b.layers[0].as_ref().unwrap().k.clone();
+        let prefix = std::mem::replace(&mut a, Sequence::new(2))
+            .freeze()
+            .unwrap();
+        // b is the buffer's only sequence now: it rolls back and writes in place.
+        b.truncate(1).unwrap();
+        extend(&mut b, 7.0);
+        assert!(same_storage(&b.suffix_layer(0).unwrap().k, &buffer));
+        let k = prefix.layer(0).unwrap().k.to_vec3::<f32>().unwrap();
+        assert!(k[0].iter().all(|p| p[0] == 1.0));
+        assert_eq!(first(&b, 0), [1.0, 7.0]);
     }
 }
