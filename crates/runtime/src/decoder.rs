@@ -359,9 +359,12 @@ impl Decoder {
                 LogitsAt::At(all) => LogitsAt::At(idx.iter().map(|&i| all[i].clone()).collect()),
                 other => other.clone(),
             };
-            // On a worker of the thread pool: the forward's parallel operations then start
-            // on this thread's own queue instead of waking the pool from outside each time.
-            let res = rayon::scope(|_| self.forward_group(&mut sub, &group_at, pass))?;
+            // CPU: run on a pool worker, so parallel ops start from its queue (no wake-ups).
+            let res = if self.device.is_cpu() {
+                rayon::scope(|_| self.forward_group(&mut sub, &group_at, pass))?
+            } else {
+                self.forward_group(&mut sub, &group_at, pass)?
+            };
             for (i, t) in idx.into_iter().zip(res) {
                 out[i] = Some(t);
             }
