@@ -5,6 +5,7 @@
 //! prefix (one matmul for all rows and heads of a kv group, the prefix is never copied or
 //! repeated per row) and against each row's own suffix (padded to the longest row).
 
+mod activation;
 mod attention;
 mod batched;
 mod load;
@@ -538,12 +539,9 @@ impl Decoder {
             let (Some(gate), Some(up)) = (gate_up.next(), gate_up.next()) else {
                 return Err(Error::InvalidRequest("gate/up projections missing".into()));
             };
-            let act = span(Op::Activation, || -> Result<_> {
-                let gate = match cfg.activation {
-                    Activation::Silu => candle_nn::ops::silu(&gate)?,
-                    Activation::GeluTanh => gate.gelu()?,
-                };
-                Ok((gate * up)?)
+            let act = span(Op::Activation, || match cfg.activation {
+                Activation::Silu => activation::silu_times(&gate, &up),
+                Activation::GeluTanh => Ok((gate.gelu()? * up)?),
             })?;
             let mut m = span(Op::FfnProjection, || blk.down.forward_pass(&act, pass))?;
             if let Some(pn) = &blk.post_ffn_norm {

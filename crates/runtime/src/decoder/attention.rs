@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 mod sums;
 
-use sums::{exp_nonpositive, scores, sum, weigh};
+use sums::{exp_nonpositive, max, scores, sum, weigh};
 
 /// Queries of one kv head computed together (they share every key and value load).
 const QUERY_BLOCK: usize = 32;
@@ -263,82 +263,140 @@ fn block(queries: &[Query<'_>], scale: f32, hd: usize, shared: usize, out: &mut 
     let mut s = vec![0f32; queries.len() * span];
     for j0 in (lo..hi).step_by(KEY_TILE) {
         let j1 = (j0 + KEY_TILE).min(hi);
-        for (qi, q) in queries.iter().enumerate() {
-            let row = &mut s[qi * span..(qi + 1) * span];
+        // The prefix part and the row's own part of a query's keys in this tile, each a run
+        // of rows in one plane.
+        let parts = |q: &Query<'_>| {
             let (a, b) = (j0.max(q.lo), j1.min(q.hi));
-            // The prefix part and the row's own part, each a run of rows in one plane.
-            let cut = b.min(q.keys.lp).max(a);
-            if let Some(p) = q.keys.prefix {
-                scores(q.q, |j| p.at(q.keys.head, j, hd), a..cut, lo, scale, row);
+            (a, b.min(q.keys.lp).max(a), b)
+        };
+        // Two queries that read the same keys share each key load: any two over the same
+        // run of the prefix, two of one row (heads of one token, or tokens whose windows
+        // agree here) over its own keys.
+        let mut qi = 0;
+        while qi < queries.len() {
+            let q = &queries[qi];
+            let (a, cut, _) = parts(q);
+            let Some(p) = q.keys.prefix else {
+                qi += 1;
+                continue;
+            };
+            let key = |j| p.at(q.keys.head, j, hd);
+            match queries
+                .get(qi + 1)
+                .filter(|r| parts(r).0 == a && parts(r).1 == cut)
+            {
+                Some(r) => {
+                    let (r0, r1) = s[qi * span..(qi + 2) * span].split_at_mut(span);
+                    scores([q.q, r.q], key, a..cut, lo, scale, [r0, r1]);
+                    qi += 2;
+                }
+                None => {
+                    let row = &mut s[qi * span..(qi + 1) * span];
+                    scores([q.q], key, a..cut, lo, scale, [row]);
+                    qi += 1;
+                }
             }
+        }
+        let mut qi = 0;
+        while qi < queries.len() {
+            let q = &queries[qi];
+            let (_, cut, b) = parts(q);
             let own = |j| q.keys.suffix.at(q.keys.head, j - q.keys.lp, hd);
-            scores(q.q, own, cut..b, lo, scale, row);
+            let same = |r: &&Query<'_>| {
+                parts(r).1 == cut && parts(r).2 == b && std::ptr::eq(r.keys.suffix, q.keys.suffix)
+            };
+            match queries.get(qi + 1).filter(same) {
+                Some(r) => {
+                    let (r0, r1) = s[qi * span..(qi + 2) * span].split_at_mut(span);
+                    scores([q.q, r.q], own, cut..b, lo, scale, [r0, r1]);
+                    qi += 2;
+                }
+                None => {
+                    let row = &mut s[qi * span..(qi + 1) * span];
+                    scores([q.q], own, cut..b, lo, scale, [row]);
+                    qi += 1;
+                }
+            }
         }
     }
     // Softmax of each query over its own range.
     let mut inv = vec![0f32; queries.len()];
     for (qi, q) in queries.iter().enumerate() {
         let row = &mut s[qi * span + q.lo - lo..qi * span + q.hi - lo];
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let max = max(row);
         for x in row.iter_mut() {
             *x = exp_nonpositive(*x - max);
         }
         inv[qi] = 1.0 / sum(row);
     }
     // Weighted values, key by key in position order for every query. Up to four queries
-    // take the shared keys every one of them sees together (each value row loaded once for
-    // all); the keys before and after that common run each query takes alone. The sums of
-    // an output element are the same additions in the same order either way.
+    // take the shared prefix keys every one of them sees together (each value row loaded
+    // once for all), a tile of keys at a time for every group (the tile's values stay in
+    // cache); the keys before and after that common run each query takes alone, before and
+    // after it. The sums of an output element are the same additions in the same order
+    // either way.
     out.fill(0.0);
     let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(hd).collect();
     let group_size = (GROUP_LANES / hd).clamp(1, 4);
-    for (g0, group) in (0..queries.len())
-        .step_by(group_size)
-        .zip(outs.chunks_mut(group_size))
-    {
-        let qs = &queries[g0..g0 + group.len()];
-        let c0 = qs.iter().map(|q| q.lo).max().unwrap_or(0);
-        let c1 = qs.iter().map(|q| q.hi.min(shared)).min().unwrap_or(0);
-        let (c0, c1) = if c0 < c1 {
-            (c0, c1)
-        } else {
-            (usize::MAX, usize::MAX)
-        };
-        for (n, (q, o)) in qs.iter().zip(group.iter_mut()).enumerate() {
-            let p = &s[(g0 + n) * span..(g0 + n + 1) * span];
-            let keys = q.lo..c0.min(q.hi);
-            weigh(
-                [&p[keys.start - lo..]],
-                [&mut **o],
-                |j| q.values.at(j, hd),
-                keys,
-            );
+    // Each group's common run of prefix keys (empty when its queries share none).
+    let common: Vec<(usize, usize)> = queries
+        .chunks(group_size)
+        .map(|qs| {
+            let c0 = qs.iter().map(|q| q.lo).max().unwrap_or(0);
+            let c1 = qs.iter().map(|q| q.hi.min(shared)).min().unwrap_or(0);
+            if c0 < c1 && qs[0].values.prefix.is_some() {
+                (c0, c1)
+            } else {
+                (usize::MAX, usize::MAX)
+            }
+        })
+        .collect();
+    let alone = |qi: usize, o: &mut [f32], keys: std::ops::Range<usize>| {
+        let q = &queries[qi];
+        if !keys.is_empty() {
+            let p = &s[qi * span + keys.start - lo..(qi + 1) * span];
+            weigh([p], [o], |j| q.values.at(j, hd), keys);
         }
-        if c0 < c1 {
-            let p = |n: usize| &s[(g0 + n) * span + c0 - lo..(g0 + n) * span + c1 - lo];
-            if let Some(pv) = qs[0].values.prefix {
-                let v = |j| pv.at(qs[0].values.head, j, hd);
-                match group {
-                    [a, b, c, d] => weigh([p(0), p(1), p(2), p(3)], [a, b, c, d], v, c0..c1),
-                    [a, b, c] => weigh([p(0), p(1), p(2)], [a, b, c], v, c0..c1),
-                    [a, b] => weigh([p(0), p(1)], [a, b], v, c0..c1),
-                    [a] => weigh([p(0)], [a], v, c0..c1),
-                    _ => {}
-                }
+    };
+    for (qi, o) in outs.iter_mut().enumerate() {
+        let q = &queries[qi];
+        alone(qi, o, q.lo..common[qi / group_size].0.min(q.hi));
+    }
+    let (first, last) = common
+        .iter()
+        .filter(|c| c.0 < c.1)
+        .fold((usize::MAX, 0), |(a, b), c| (a.min(c.0), b.max(c.1)));
+    for t0 in (first..last).step_by(KEY_TILE) {
+        let t1 = (t0 + KEY_TILE).min(last);
+        for ((g, group), &(c0, c1)) in outs.chunks_mut(group_size).enumerate().zip(&common) {
+            let (a, b) = (t0.max(c0), t1.min(c1));
+            let (g0, first) = (g * group_size, &queries[g * group_size]);
+            let Some(pv) = first.values.prefix.filter(|_| a < b) else {
+                continue;
+            };
+            let p = |n: usize| &s[(g0 + n) * span + a - lo..(g0 + n) * span + b - lo];
+            let v = |j| pv.at(first.values.head, j, hd);
+            match group {
+                [w, x, y, z] => weigh([p(0), p(1), p(2), p(3)], [w, x, y, z], v, a..b),
+                [w, x, y] => weigh([p(0), p(1), p(2)], [w, x, y], v, a..b),
+                [w, x] => weigh([p(0), p(1)], [w, x], v, a..b),
+                [w] => weigh([p(0)], [w], v, a..b),
+                _ => {}
             }
         }
-        for (n, (q, o)) in qs.iter().zip(group.iter_mut()).enumerate() {
-            let p = &s[(g0 + n) * span..(g0 + n + 1) * span];
-            let keys = c1.max(q.lo)..q.hi;
-            if !keys.is_empty() {
-                weigh(
-                    [&p[keys.start - lo..]],
-                    [&mut **o],
-                    |j| q.values.at(j, hd),
-                    keys,
-                );
-            }
-        }
+    }
+    for (qi, o) in outs.iter_mut().enumerate() {
+        let q = &queries[qi];
+        let c1 = common[qi / group_size].1;
+        alone(
+            qi,
+            o,
+            if c1 == usize::MAX {
+                q.hi..q.hi
+            } else {
+                c1.max(q.lo)..q.hi
+            },
+        );
     }
     for (qi, i) in inv.iter().enumerate() {
         for o in out[qi * hd..(qi + 1) * hd].iter_mut() {
@@ -376,13 +434,23 @@ mod tests {
     }
 
     /// Every query of a batch (rows with different cached and new lengths, over a shared
-    /// prefix, with and without a sliding window) is bitwise the plain computation, at head
-    /// widths that take the register paths (64, 128) and the general one.
+    /// prefix, with and without a sliding window, shorter and longer than a key tile) is
+    /// bitwise the plain computation, at head widths that take the register paths (64, 128)
+    /// and the general one.
     #[test]
     fn batched_queries_are_bitwise_the_plain_computation() -> Result<()> {
         let dev = Device::Cpu;
-        for (hd, window) in [(64, None), (128, None), (40, None), (64, Some(5))] {
-            let (hkv, g, lp) = (2, 3, 9);
+        // Prefixes longer than a key tile, with and without a window that starts inside.
+        let cases = [
+            (64, None, 9),
+            (128, None, 9),
+            (40, None, 9),
+            (64, Some(5), 9),
+            (128, None, 600),
+            (64, Some(300), 600),
+        ];
+        for (hd, window, lp) in cases {
+            let (hkv, g) = (2, 3);
             let hq = hkv * g;
             let rows = [(0usize, 1usize), (3, 4), (1, 1), (6, 2), (2, 3)];
             let t = rows.iter().map(|r| r.1).max().unwrap_or(1);

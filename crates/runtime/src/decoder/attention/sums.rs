@@ -5,27 +5,57 @@
 /// Lanes of the partial sums (one AVX-512 register of f32; two AVX2 registers).
 const LANES: usize = 16;
 
-/// Scaled scores of `q` against the keys at absolute positions `keys` into `row[j - base]`,
-/// four keys at once (independent sums, each computed exactly as [`dot`] does).
+mod avx512;
+
+/// Whether the AVX-512 form of the dot products runs here (the kernels' instruction set, so
+/// `SPECCOMPACT_KERNEL_ISA` forces the portable form too; the results are the same).
+fn wide() -> bool {
+    use std::sync::OnceLock;
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| {
+        cfg!(target_arch = "x86_64")
+            && crate::linear::kernel_isa() == speccompact_kernels::Isa::Avx512Vnni
+    })
+}
+
+/// Scaled scores of each of `N` queries against the keys at absolute positions `keys` into
+/// `rows[n][j - base]`, four keys at once (independent sums, each computed exactly as [`dot`]
+/// does); the queries share each key load.
 #[inline]
-pub(super) fn scores<'a>(
-    q: &[f32],
+pub(super) fn scores<'a, const N: usize>(
+    q: [&[f32]; N],
     key: impl Fn(usize) -> &'a [f32],
     keys: std::ops::Range<usize>,
     base: usize,
     scale: f32,
-    row: &mut [f32],
+    mut rows: [&mut [f32]; N],
 ) {
+    let n = q.first().map_or(0, |q| q.len());
+    let simd = wide() && n % LANES == 0 && q.iter().all(|q| q.len() == n);
     let mut j = keys.start;
     while j + 4 <= keys.end {
-        let d = dot4(q, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
-        for (m, x) in d.into_iter().enumerate() {
-            row[j + m - base] = x * scale;
+        let k = [key(j), key(j + 1), key(j + 2), key(j + 3)];
+        let at = j - base;
+        if simd && k.iter().all(|k| k.len() >= n) && rows.iter().all(|r| r.len() >= at + 4) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `wide()` checked AVX-512 F; every query and key holds `n` values and
+            // every row `at + 4`.
+            unsafe {
+                avx512::dots(q, k, n / LANES, scale, &mut rows, at)
+            };
+        } else {
+            for (row, q) in rows.iter_mut().zip(&q) {
+                for (m, x) in dot4(q, k).into_iter().enumerate() {
+                    row[j + m - base] = x * scale;
+                }
+            }
         }
         j += 4;
     }
     for j in j..keys.end {
-        row[j - base] = dot(q, key(j)) * scale;
+        for (row, q) in rows.iter_mut().zip(&q) {
+            row[j - base] = dot(q, key(j)) * scale;
+        }
     }
 }
 
@@ -134,6 +164,24 @@ fn dot4(a: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
+/// The largest value (`-inf` for none): lane-wise maxima, then across lanes. A maximum is
+/// exact, so it does not depend on the order (for values that are not NaN; of `+0` and
+/// `-0` either may come back, and both subtract alike from every score).
+#[inline]
+pub(super) fn max(a: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut c = a.chunks_exact(LANES);
+    for x in &mut c {
+        for l in 0..LANES {
+            acc[l] = if x[l] > acc[l] { x[l] } else { acc[l] };
+        }
+    }
+    c.remainder()
+        .iter()
+        .chain(&acc)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
 /// Sum with 16 lane-wise partial sums (lanes counted from the slice's start), a fixed tree
 /// and the tail in order.
 #[inline]
@@ -175,13 +223,17 @@ pub(super) fn exp_nonpositive(x: f32) -> f32 {
     // Round to nearest by the 1.5 * 2^23 trick.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 0.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // `t` is 1.5 · 2^23 + n with n an integer in -126 ..= 0, so its bits are those of
+    // 1.5 · 2^23 plus n: 2^n from integer operations alone (no float-to-int conversion,
+    // which keeps the loop vectorized).
+    let scale = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     p * scale
 }
 
@@ -200,6 +252,19 @@ mod tests {
         }
         assert!(worst < 2.5e-7, "worst relative error {worst}");
         assert_eq!(exp_nonpositive(0.0), 1.0);
+        // 2^n by integer operations equals the float-to-int form at every reachable n.
+        for i in 0..=870_000 {
+            let x = (-(i as f32) * 1e-4).clamp(-87.0, 0.0);
+            let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+            let t = x * std::f32::consts::LOG2_E + 12_582_912.0;
+            let by_int = ((n as i32 + 127) as u32) << 23;
+            let by_bits = t
+                .to_bits()
+                .wrapping_sub(12_582_912f32.to_bits())
+                .wrapping_add(127)
+                << 23;
+            assert_eq!(by_int, by_bits, "x {x}");
+        }
         assert!(exp_nonpositive(-1e9) >= 0.0);
     }
 
@@ -215,6 +280,64 @@ mod tests {
         assert!((dot(&a, &b) as f64 - want).abs() < 1e-4);
         let want: f64 = a.iter().map(|x| *x as f64).sum();
         assert!((sum(&a) as f64 - want).abs() < 1e-4);
+        for n in [0, 1, 15, 16, 17, 131] {
+            let want = a[..n].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            assert_eq!(max(&a[..n]).to_bits(), want.to_bits(), "n {n}");
+        }
+    }
+
+    /// Scores of two queries sharing each key load, on whichever path this CPU takes, and
+    /// the AVX-512 form called directly where the CPU has it: bitwise `dot` times the scale.
+    #[test]
+    fn shared_key_scores_are_bitwise_dots() {
+        for n in [16, 64, 128, 256, 40] {
+            let val = |i: usize, s: usize| {
+                let x = (((i * 37 + s * 101) % 29) as f32 - 14.3) / 3.7;
+                // Magnitudes far apart, so that a different order of additions would show.
+                if i % 5 == 0 {
+                    x * 1e4
+                } else {
+                    x * 1e-3
+                }
+            };
+            let q: Vec<Vec<f32>> = (0..2)
+                .map(|m| (0..n).map(|i| val(i, m)).collect())
+                .collect();
+            let ks: Vec<Vec<f32>> = (0..11)
+                .map(|m| (0..n).map(|i| val(i, m + 7)).collect())
+                .collect();
+            let (mut r0, mut r1) = (vec![0f32; 13], vec![0f32; 13]);
+            scores(
+                [&q[0][..], &q[1][..]],
+                |j| &ks[j - 2][..],
+                2..13,
+                0,
+                0.37,
+                [&mut r0, &mut r1],
+            );
+            for (row, q) in [(&r0, &q[0]), (&r1, &q[1])] {
+                for j in 2..13 {
+                    assert_eq!(
+                        row[j].to_bits(),
+                        (dot(q, &ks[j - 2]) * 0.37).to_bits(),
+                        "n {n} key {j}"
+                    );
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if n % LANES == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+                let k = [&ks[0][..], &ks[1][..], &ks[2][..], &ks[3][..]];
+                let (mut g0, mut g1) = ([0f32; 5], [0f32; 5]);
+                let mut out = [&mut g0[..], &mut g1[..]];
+                // SAFETY: AVX-512 F detected; every slice holds n values, each row 1 + 4.
+                unsafe { avx512::dots([&q[0][..], &q[1][..]], k, n / LANES, 1.0, &mut out, 1) };
+                for (g, q) in [&g0, &g1].iter().zip(&q) {
+                    for (m, k) in k.iter().enumerate() {
+                        assert_eq!(g[1 + m].to_bits(), dot(q, k).to_bits(), "n {n} key {m}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
