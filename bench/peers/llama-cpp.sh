@@ -6,14 +6,14 @@
 #       (pinned version and sha256) with cmake, cached outside the repository, and prints
 #       what it built with.
 #   bash bench/peers/llama-cpp.sh decode [MODEL ...]
-#       llama-bench (-p 512 -n 128 -d 0,4096 -r 5) and our runtime-bench at the same depths
-#       (median of 5), one model after the other; one table.
+#       llama-bench (-p 512 -n 128 -d 0,4096) and our runtime-bench at the same depths, one
+#       run each per round, the two alternating for ROUNDS rounds (5); medians; one table.
 #   bash bench/peers/llama-cpp.sh server [HISTORY]
 #       The one-call summary of HISTORY (default: the README example) by the target: our
 #       sequential method (lookup off and auto) and llama-server fed the same prompt tokens,
 #       greedy, without and with its n-gram speculation; one table.
 #
-# Environment: THREADS (2), TARGET (qwen2.5-coder-1.5b-instruct), PEER_CACHE (where the build
+# Environment: THREADS (2), ROUNDS (5), TARGET (qwen2.5-coder-1.5b-instruct), PEER_CACHE (where the build
 # lives; default ~/.cache/speccompact/peers), OUT_DIR (bench/results), NGRAM (llama-server's
 # flags for its n-gram run; default ngram-simple with n = 3, m = 8, its best setting measured
 # on the README example).
@@ -33,6 +33,7 @@ TARGET=${TARGET:-qwen2.5-coder-1.5b-instruct}
 OUT_DIR=${OUT_DIR:-$ROOT/bench/results}
 NGRAM=${NGRAM:---spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8}
 PORT=${PORT:-18080}
+ROUNDS=${ROUNDS:-5}
 
 die() { echo "llama-cpp.sh: $*" >&2; exit 1; }
 
@@ -120,12 +121,16 @@ decode() {
     for m in "${models[@]}"; do
         local gguf
         gguf=$(model_path "$m")
-        echo "== $m: llama-bench" >&2
-        "$BIN/llama-bench" -m "$gguf" -t "$THREADS" -p 512 -n 128 -d 0,4096 -r 5 -o json \
-            >"$tmp/$m.llama.json"
-        echo "== $m: runtime-bench" >&2
-        "$(ours runtime-bench)" --threads "$THREADS" --models "$m" --prefill 512 --decode 128 \
-            --decode-depths 0,4096 --runs 5 --no-reference --no-dense --json "$tmp/$m.ours.json" >&2
+        # Rounds alternate the two programs, so that a drift of the machine's memory
+        # bandwidth over minutes (measured: the same command 28-37 tok/s) falls on both.
+        for r in $(seq 1 "$ROUNDS"); do
+            echo "== $m, round $r of $ROUNDS: llama-bench" >&2
+            "$BIN/llama-bench" -m "$gguf" -t "$THREADS" -p 512 -n 128 -d 0,4096 -r 1 -o json \
+                >"$tmp/$m.llama.$r.json"
+            echo "== $m, round $r of $ROUNDS: runtime-bench" >&2
+            "$(ours runtime-bench)" --threads "$THREADS" --models "$m" --prefill 512 --decode 128 \
+                --decode-depths 0,4096 --runs 1 --no-reference --no-dense --json "$tmp/$m.ours.$r.json" >&2
+        done
     done
     python3 "$ROOT/bench/peers/tables.py" decode "$tmp" "${models[@]}" | tee "$OUT_DIR/peer-decode.md"
     rm -rf "$tmp"

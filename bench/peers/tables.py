@@ -46,46 +46,74 @@ def llama_ts(records, n_prompt, n_gen, depth):
     return None
 
 
+def rounds(d, m, side):
+    """Every round's JSON of one side (`llama` or `ours`) for model `m`, in round order."""
+    found = []
+    r = 1
+    while os.path.exists(os.path.join(d, f"{m}.{side}.{r}.json")):
+        with open(os.path.join(d, f"{m}.{side}.{r}.json")) as f:
+            found.append(json.load(f))
+        r += 1
+    return found
+
+
+def spread(xs):
+    """Median, and the range when there is more than one value."""
+    med = statistics.median(xs)
+    return med, (f"{min(xs):.1f}–{max(xs):.1f}" if len(xs) > 1 else "")
+
+
 def decode(d, models):
-    rows, steps = [], []
+    rows, steps, n = [], [], 0
     for m in models:
-        with open(os.path.join(d, f"{m}.llama.json")) as f:
-            llama = json.load(f)
-        with open(os.path.join(d, f"{m}.ours.json")) as f:
-            ours = json.load(f)[0]
-        for depth, ts in ours["decode"]:
-            peer = llama_ts(llama, 0, 128, depth)
-            rows.append((m, f"decode 128 tok/s, depth {depth}", ts, peer))
-        for n, ts in ours["prefill"]:
-            peer = llama_ts(llama, n, 0, 0)
-            rows.append((m, f"prefill {n} tok/s", ts, peer))
-        if ours.get("step"):
-            depth, one, six = ours["step"]
-            steps.append((m, depth, one, six))
+        llama = rounds(d, m, "llama")
+        ours = [o[0] for o in rounds(d, m, "ours")]
+        n = max(n, len(ours))
+        for i, (depth, _) in enumerate(ours[0]["decode"]):
+            mine = [o["decode"][i][1] for o in ours]
+            peer = [t for t in (llama_ts(l, 0, 128, depth) for l in llama) if t]
+            rows.append((m, f"decode 128 tok/s, depth {depth}", mine, peer))
+        for i, (p, _) in enumerate(ours[0]["prefill"]):
+            mine = [o["prefill"][i][1] for o in ours]
+            peer = [t for t in (llama_ts(l, p, 0, 0) for l in llama) if t]
+            rows.append((m, f"prefill {p} tok/s", mine, peer))
+        st = [o["step"] for o in ours if o.get("step")]
+        if st:
+            steps.append((m, st[0][0], [s[1] for s in st], [s[2] for s in st]))
     out = [
         "# Decode and prefill beside llama.cpp, same GGUF files, same sitting",
         "",
         "Command: `bash bench/peers/llama-cpp.sh decode " + " ".join(models) + "`",
-        "(llama-bench `-p 512 -n 128 -d 0,4096 -r 5`; ours `runtime-bench --prefill 512 "
-        "--decode 128 --decode-depths 0,4096 --runs 5 --no-reference --no-dense`; medians of 5).",
+        f"({n} rounds per model, each one llama-bench `-p 512 -n 128 -d 0,4096 -r 1` and then "
+        "our `runtime-bench --prefill 512 --decode 128 --decode-depths 0,4096 --runs 1 "
+        "--no-reference --no-dense`; medians over the rounds, the range beside them).",
         "",
         *machine(),
-        "| model | figure | speccompact | llama.cpp | ours ÷ theirs |",
-        "|---|---|---|---|---|",
+        "| model | figure | speccompact | range | llama.cpp | range | ours ÷ theirs |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for m, what, ts, peer in rows:
-        ratio = f"{ts / peer:.2f}×" if peer else ""
-        theirs = f"{peer:.1f}" if peer else "n/a"
-        out.append(f"| {m} | {what} | {ts:.1f} | {theirs} | {ratio} |")
+    for m, what, mine, peer in rows:
+        ts, r1 = spread(mine)
+        if peer:
+            theirs, r2 = spread(peer)
+            out.append(f"| {m} | {what} | {ts:.1f} | {r1} | {theirs:.1f} | {r2} | {ts / theirs:.2f}× |")
+        else:
+            out.append(f"| {m} | {what} | {ts:.1f} | {r1} | n/a |  |  |")
     out += [
         "",
-        "Our decode step over a shared prefix, one row and six rows (runtime-bench, median of 5):",
+        "Our decode step over a shared prefix, one row and six rows (runtime-bench: median of 5 "
+        "forwards per round; medians over the rounds; the ratio is the median of each round's "
+        "ratio, both measured in one process):",
         "",
-        "| model | prefix | 1 row ms | 6 rows ms | 6 rows ÷ 1 row |",
-        "|---|---|---|---|---|",
+        "| model | prefix | 1 row ms | 6 rows ms | 6 rows ÷ 1 row | range of the ratio |",
+        "|---|---|---|---|---|---|",
     ]
     for m, depth, one, six in steps:
-        out.append(f"| {m} | {depth} | {one:.1f} | {six:.1f} | {six / one:.2f}× |")
+        ratios = [s / o for o, s in zip(one, six)]
+        r, rr = statistics.median(ratios), (f"{min(ratios):.2f}–{max(ratios):.2f}×" if len(ratios) > 1 else "")
+        out.append(
+            f"| {m} | {depth} | {statistics.median(one):.1f} | {statistics.median(six):.1f} | {r:.2f}× | {rr} |"
+        )
     print("\n".join(out))
 
 
