@@ -251,9 +251,50 @@ struct Query<'a> {
     hi: usize,
 }
 
+/// One run of keys a query reads in a tile: the plane, the absolute position of the plane's
+/// first row, and the absolute positions.
+type Run<'a> = (&'a Plane<'a>, usize, std::ops::Range<usize>);
+
+/// Scores every query of a block over its run of keys (`run`; none: nothing to score) into
+/// `s` (query-major, `span` entries from position `lo` each). Two neighbouring queries reading
+/// the same run of the same plane share each key load; each score is the same `dot` either way.
+fn score_runs<'a>(
+    queries: &[Query<'a>],
+    s: &mut [f32],
+    (lo, span): (usize, usize),
+    scale: f32,
+    hd: usize,
+    run: impl Fn(&Query<'a>) -> Option<Run<'a>>,
+) {
+    let mut qi = 0;
+    while qi < queries.len() {
+        let q = &queries[qi];
+        let Some((plane, first, keys)) = run(q) else {
+            qi += 1;
+            continue;
+        };
+        let key = |j: usize| plane.at(q.keys.head, j - first, hd);
+        let partner = queries.get(qi + 1).filter(|r| {
+            run(r).is_some_and(|(p, f, k)| std::ptr::eq(p, plane) && f == first && k == keys)
+        });
+        match partner {
+            Some(r) => {
+                let (r0, r1) = s[qi * span..(qi + 2) * span].split_at_mut(span);
+                scores([q.q, r.q], key, keys, lo, scale, [r0, r1]);
+                qi += 2;
+            }
+            None => {
+                let row = &mut s[qi * span..(qi + 1) * span];
+                scores([q.q], key, keys, lo, scale, [row]);
+                qi += 1;
+            }
+        }
+    }
+}
+
 /// Computes a block of queries of one kv head into `out` (query-major, `hd` each); keys below
 /// `shared` (the prefix) are the same for every query.
-fn block(queries: &[Query<'_>], scale: f32, hd: usize, shared: usize, out: &mut [f32]) {
+fn block<'a>(queries: &[Query<'a>], scale: f32, hd: usize, shared: usize, out: &mut [f32]) {
     let lo = queries.iter().map(|q| q.lo).min().unwrap_or(0);
     let hi = queries.iter().map(|q| q.hi).max().unwrap_or(0);
     let span = hi - lo;
@@ -272,52 +313,16 @@ fn block(queries: &[Query<'_>], scale: f32, hd: usize, shared: usize, out: &mut 
         // Two queries that read the same keys share each key load: any two over the same
         // run of the prefix, two of one row (heads of one token, or tokens whose windows
         // agree here) over its own keys.
-        let mut qi = 0;
-        while qi < queries.len() {
-            let q = &queries[qi];
+        let prefix = |q: &Query<'a>| {
             let (a, cut, _) = parts(q);
-            let Some(p) = q.keys.prefix else {
-                qi += 1;
-                continue;
-            };
-            let key = |j| p.at(q.keys.head, j, hd);
-            match queries
-                .get(qi + 1)
-                .filter(|r| parts(r).0 == a && parts(r).1 == cut)
-            {
-                Some(r) => {
-                    let (r0, r1) = s[qi * span..(qi + 2) * span].split_at_mut(span);
-                    scores([q.q, r.q], key, a..cut, lo, scale, [r0, r1]);
-                    qi += 2;
-                }
-                None => {
-                    let row = &mut s[qi * span..(qi + 1) * span];
-                    scores([q.q], key, a..cut, lo, scale, [row]);
-                    qi += 1;
-                }
-            }
-        }
-        let mut qi = 0;
-        while qi < queries.len() {
-            let q = &queries[qi];
+            q.keys.prefix.map(|p| (p, 0, a..cut))
+        };
+        let own = |q: &Query<'a>| {
             let (_, cut, b) = parts(q);
-            let own = |j| q.keys.suffix.at(q.keys.head, j - q.keys.lp, hd);
-            let same = |r: &&Query<'_>| {
-                parts(r).1 == cut && parts(r).2 == b && std::ptr::eq(r.keys.suffix, q.keys.suffix)
-            };
-            match queries.get(qi + 1).filter(same) {
-                Some(r) => {
-                    let (r0, r1) = s[qi * span..(qi + 2) * span].split_at_mut(span);
-                    scores([q.q, r.q], own, cut..b, lo, scale, [r0, r1]);
-                    qi += 2;
-                }
-                None => {
-                    let row = &mut s[qi * span..(qi + 1) * span];
-                    scores([q.q], own, cut..b, lo, scale, [row]);
-                    qi += 1;
-                }
-            }
-        }
+            Some((q.keys.suffix, q.keys.lp, cut..b))
+        };
+        score_runs(queries, &mut s, (lo, span), scale, hd, prefix);
+        score_runs(queries, &mut s, (lo, span), scale, hd, own);
     }
     // Softmax of each query over its own range.
     let mut inv = vec![0f32; queries.len()];
