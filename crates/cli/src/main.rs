@@ -1,14 +1,15 @@
 //! `speccompact`: compaction of agent histories (`compact`), method comparison (`bench`),
 //! evaluation (`eval`), verifier calibration (`calibrate`), the workspace (`ingest`,
-//! `state`, `confirm`, `assemble`, `delete`), model store management (`models`) and greedy
-//! generation with the runtime (`generate`).
+//! `state`, `confirm`, `assemble`, `delete`), drafter alignment data (`align`), model store
+//! management (`models`) and greedy generation with the runtime (`generate`).
 //!
 //! This file owns the command tree and the dispatch only. Each command's flags and work are
 //! in its module (`compact.rs`, `bench.rs`, `eval.rs`, `calibrate.rs`, `workspace.rs`,
-//! `models.rs`, `generate.rs`); the shared pieces are `settings.rs` (flags to settings, the
+//! `align.rs`, `models.rs`, `generate.rs`); the shared pieces are `settings.rs` (flags to settings, the
 //! value enums), `load.rs` (models, tokenizer, progress bars) and `files.rs` (histories in,
 //! reports out).
 
+mod align;
 mod bench;
 mod calibrate;
 mod compact;
@@ -63,6 +64,9 @@ enum Cmd {
     /// Measure how well a target's one-token judgment separates true from false summary
     /// lines, per judgment prompt variant; write the calibrated η and the best variant.
     Calibrate(calibrate::Args),
+    /// Drafter alignment: `align data` has the target write every slot on the drafter's
+    /// prompts over training sessions (filtered, split, pre-tokenized, with a manifest).
+    Align(align::Args),
     /// Manage the model store.
     Models(models::Args),
     /// Greedy continuation of a prompt (rendered through the model's chat template).
@@ -90,6 +94,7 @@ fn main() -> Result<()> {
         Cmd::Assemble(a) => workspace::assemble(a, &store),
         Cmd::Delete(a) => workspace::delete(a),
         Cmd::Calibrate(a) => calibrate::run(a, rt, &store),
+        Cmd::Align(a) => align::run(a, rt, &store),
         Cmd::Models(a) => models::run(a, &store),
         Cmd::Generate(a) => generate::run(a, rt, &store),
     }

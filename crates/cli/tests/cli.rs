@@ -381,3 +381,72 @@ fn prompt_only_prints_the_sequential_call_as_tokens() {
         tokens.len()
     );
 }
+
+/// `align data` with tiny models: every slot of the session is an example or a counted drop,
+/// the manifest names both models, and a second run resumes instead of building again.
+#[test]
+fn align_data_builds_accounts_for_every_slot_and_resumes() {
+    let s = Sandbox::new();
+    let drafter = s.tiny(Architecture::Llama, 3, 16384);
+    let target = s.tiny(Architecture::Qwen2, 5, 16384);
+    let cfg = s.file("fast.toml", FAST);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sample()).unwrap()).unwrap();
+    v["id"] = "sample".into();
+    v["license"] = "MIT".into();
+    let data = s.file("sessions.jsonl", &format!("{v}\n"));
+    let args = [
+        "--threads",
+        "1",
+        "align",
+        "data",
+        "--data",
+        &data,
+        "--out",
+        "aligned",
+        "--drafter",
+        &drafter,
+        "--target",
+        &target,
+        "--config",
+        &cfg,
+        "--max-prompt-tokens",
+        "1500",
+    ];
+    let o = s.run(&args);
+    assert!(o.status.success(), "stderr:\n{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("1 built") && out.contains("0 resumed"),
+        "{out}"
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s.path("aligned/manifest.json")).unwrap())
+            .unwrap();
+    let count = |x: &serde_json::Value| -> u64 {
+        x.as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(count(&m["examples"]) + count(&m["dropped"]), 6, "{m}");
+    assert!(
+        m["drafter"]["sha256"]
+            .as_str()
+            .is_some_and(|h| h.len() == 64),
+        "{m}"
+    );
+    assert_eq!(m["data"]["licences"]["MIT"], 1);
+    let o = s.run(&args);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("0 built") && out.contains("1 resumed"),
+        "{out}"
+    );
+    s.refuses(&[(
+        &["align", "data", "--data", "missing.jsonl", "--out", "x"],
+        1,
+        &["reading missing.jsonl"],
+    )]);
+}

@@ -53,6 +53,8 @@ pub struct EvalSession {
     pub id: String,
     /// Dataset and subset.
     pub source: String,
+    /// The licence of the session's text, as the file states it (empty when absent).
+    pub license: String,
     /// `tool-use`, `coding`, `meeting` or `memory`.
     pub kind: String,
     /// The kept messages (`history.id` is the session id).
@@ -152,6 +154,7 @@ pub fn parse_session(v: &serde_json::Value) -> std::result::Result<EvalSession, 
     );
     Ok(EvalSession {
         source: v["source"].as_str().unwrap_or_default().to_string(),
+        license: v["license"].as_str().unwrap_or_default().to_string(),
         kind: v["kind"].as_str().unwrap_or_default().to_string(),
         cut: v["cut"].as_u64().map(|c| c as usize),
         reference_summary: v["reference_summary"].as_str().map(str::to_string),
@@ -364,6 +367,7 @@ mod selection_tests {
         EvalSession {
             id: id.into(),
             source: String::new(),
+            license: String::new(),
             kind: String::new(),
             history: History::default(),
             probes: Vec::new(),
