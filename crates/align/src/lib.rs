@@ -2,11 +2,14 @@
 //! target's own; this crate builds what a drafter is trained on to get there:
 //! [`data::build`] has the target write every slot alone on the very prompts the drafter sees
 //! (target-self), filters the bodies ([`filter`]), and writes prompt/completion JSONL, the
-//! same examples pre-tokenized for the drafter (labels masked to the body), and a manifest.
+//! same examples pre-tokenized for the drafter (labels masked to the body), and a manifest;
+//! [`adapter`] reads and writes LoRA adapters in PEFT's layout.
 
+pub mod adapter;
 pub mod data;
 pub mod filter;
 
+pub use adapter::{Adapter, LoraPair};
 pub use data::{build, DataOptions, DataSummary, ModelFile};
 pub use filter::{check, Rejection};
 
@@ -40,6 +43,17 @@ pub enum Error {
         /// The cause.
         source: speccompact_engine::Error,
     },
+    /// An adapter's files are not what they should be, or it does not fit its base.
+    #[error("adapter {path}: {reason}")]
+    Adapter {
+        /// The adapter's file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor operation failed.
+    #[error("tensor: {0}")]
+    Tensor(#[from] candle_core::Error),
     /// The drafter's tokenizer failed.
     #[error("drafter tokenizer: {0}")]
     Tokenizer(#[from] speccompact_runtime::Error),
