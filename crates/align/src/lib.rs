@@ -3,11 +3,13 @@
 //! [`data::build`] has the target write every slot alone on the very prompts the drafter sees
 //! (target-self), filters the bodies ([`filter`]), and writes prompt/completion JSONL, the
 //! same examples pre-tokenized for the drafter (labels masked to the body), and a manifest;
-//! [`adapter`] reads and writes LoRA adapters in PEFT's layout.
+//! [`adapter`] reads and writes LoRA adapters in PEFT's layout; [`train`] trains them on a
+//! dense copy of the drafter.
 
 pub mod adapter;
 pub mod data;
 pub mod filter;
+pub mod train;
 
 pub use adapter::{Adapter, LoraPair};
 pub use data::{build, DataOptions, DataSummary, ModelFile};
@@ -54,9 +56,9 @@ pub enum Error {
     /// A tensor operation failed.
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
-    /// The drafter's tokenizer failed.
-    #[error("drafter tokenizer: {0}")]
-    Tokenizer(#[from] speccompact_runtime::Error),
+    /// The runtime failed (the drafter's tokenizer, reading weights).
+    #[error("runtime: {0}")]
+    Runtime(#[from] speccompact_runtime::Error),
     /// The evaluation crate's helpers failed (reading data, checksums).
     #[error(transparent)]
     Data(#[from] speccompact_eval::Error),
