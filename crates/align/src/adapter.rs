@@ -13,7 +13,7 @@
 
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Projections an adapter may target, with the block that holds each.
@@ -67,6 +67,11 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+fn io(p: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = p.display().to_string();
+    move |source| Error::Io { path, source }
+}
+
 fn block_of(module: &str) -> Option<&'static str> {
     MODULES.iter().find(|(m, _)| *m == module).map(|(_, b)| *b)
 }
@@ -90,6 +95,37 @@ fn parse_key(key: &str) -> Option<(usize, String, char)> {
     };
     (block_of(module)? == block).then_some(())?;
     Some((layer.parse().ok()?, module.to_string(), side))
+}
+
+/// A safetensors file of f32 tensors with the same bytes for the same contents: names and
+/// metadata keys in sorted order (the safetensors crate writes its metadata map in hash
+/// order), the header padded with spaces to a multiple of 8.
+fn safetensors_bytes(
+    tensors: &BTreeMap<String, Tensor>,
+    meta: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!(meta));
+    let mut data: Vec<u8> = Vec::new();
+    for (name, t) in tensors {
+        let start = data.len();
+        for x in t.flatten_all()?.to_vec1::<f32>()? {
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": t.dims(), "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut h = serde_json::Value::Object(header).to_string().into_bytes();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + data.len());
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    Ok(out)
 }
 
 /// Reorders the rows of `w` (`[heads * hd, cols]`) from rotate-half order to the interleaved
@@ -157,10 +193,6 @@ impl Adapter {
 
     /// Writes `adapter_config.json` and `adapter_model.safetensors` into `dir` (created).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let io = |p: &Path| {
-            let p = p.display().to_string();
-            move |source| Error::Io { path: p, source }
-        };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let config = serde_json::json!({
             "peft_type": "LORA",
@@ -177,18 +209,17 @@ impl Adapter {
         let path = dir.join(CONFIG_FILE);
         let text = serde_json::to_string_pretty(&config).map_err(|e| bad(&path, e.to_string()))?;
         std::fs::write(&path, format!("{text}\n")).map_err(io(&path))?;
-        let mut tensors = Vec::new();
+        let mut tensors = BTreeMap::new();
         for ((layer, module), p) in &self.pairs {
-            tensors.push((peft_key(*layer, module, "A"), p.a.to_dtype(DType::F32)?));
-            tensors.push((peft_key(*layer, module, "B"), p.b.to_dtype(DType::F32)?));
+            tensors.insert(peft_key(*layer, module, "A"), p.a.to_dtype(DType::F32)?);
+            tensors.insert(peft_key(*layer, module, "B"), p.b.to_dtype(DType::F32)?);
         }
-        let mut meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        let mut meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
         if let Some(s) = &self.base_sha256 {
             meta.insert(BASE_KEY.into(), s.clone());
         }
         let path = dir.join(WEIGHTS_FILE);
-        safetensors::serialize_to_file(tensors, Some(meta), &path)
-            .map_err(|e| bad(&path, e.to_string()))?;
+        std::fs::write(&path, safetensors_bytes(&tensors, &meta)?).map_err(io(&path))?;
         Ok(())
     }
 

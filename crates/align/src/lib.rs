@@ -7,6 +7,7 @@
 //! dense copy of the drafter.
 
 pub mod adapter;
+pub mod curve;
 pub mod data;
 pub mod filter;
 pub mod train;

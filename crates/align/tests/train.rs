@@ -335,13 +335,13 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
             "{f}"
         );
     }
-    let start = sa.validation_start.unwrap();
-    eprintln!("validation {start} -> {:?}", sa.validation_loss);
-    assert_eq!(sa.validation_loss.len(), 3);
+    eprintln!("validation {:?}", sa.validation);
+    let steps: Vec<usize> = sa.validation.iter().map(|v| v.0).collect();
+    assert_eq!(steps, [0, 4, 8, 12]);
     assert!(
-        sa.validation_loss[2] < start * 0.8,
-        "{start} -> {:?}",
-        sa.validation_loss
+        sa.validation[3].1 < sa.validation[0].1 * 0.8,
+        "{:?}",
+        sa.validation
     );
     // The adapter loads back, in the Hugging Face row order, with its base recorded.
     let ad = speccompact_align::Adapter::load(&a.join("adapter"), &Device::Cpu).unwrap();

@@ -5,7 +5,7 @@
 //!
 //! Files under the output folder: `checkpoint/` (the variables, the optimizer's moments and
 //! `state.json`: step, losses, settings), `losses.json` (training loss per step, validation
-//! loss per epoch), `adapter/` (the result). Same data, settings and seed: the same adapter,
+//! loss by step), `adapter/` (the result). Same data, settings and seed: the same adapter,
 //! stopped and resumed or not.
 
 use super::checkpointed;
@@ -77,6 +77,8 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Steps between checkpoints (besides each epoch's end).
     pub checkpoint_every: usize,
+    /// Steps between validation losses (0: only at each epoch's end).
+    pub validate_every: usize,
 }
 
 impl Default for TrainOptions {
@@ -101,6 +103,7 @@ impl Default for TrainOptions {
             clip: 1.0,
             seed: 0,
             checkpoint_every: 25,
+            validate_every: 0,
         }
     }
 }
@@ -125,10 +128,9 @@ pub struct TrainState {
     pub step: usize,
     /// Training loss of each step.
     pub train_loss: Vec<f32>,
-    /// Validation loss after each epoch.
-    pub validation_loss: Vec<f32>,
-    /// Validation loss before training.
-    pub validation_start: Option<f32>,
+    /// Validation loss (token-weighted mean over the validation examples) by steps done:
+    /// before training, every `validate_every` steps and after each epoch.
+    pub validation: Vec<(usize, f32)>,
     /// The settings.
     pub options: Option<TrainOptions>,
     /// Training and validation example counts.
@@ -270,7 +272,10 @@ pub fn train(
         Some(x) => x,
         None => {
             let state = TrainState {
-                validation_start: mean_loss(m, &lora, val)?,
+                validation: mean_loss(m, &lora, val)?
+                    .map(|v| (0, v))
+                    .into_iter()
+                    .collect(),
                 options: Some(opts.clone()),
                 examples,
                 ..Default::default()
@@ -306,9 +311,10 @@ pub fn train(
             tokens_per_s: tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9),
         });
         let epoch_end = state.step % per_epoch == 0;
-        if epoch_end {
+        let every = opts.validate_every > 0 && state.step % opts.validate_every == 0;
+        if epoch_end || every {
             if let Some(v) = mean_loss(m, &lora, val)? {
-                state.validation_loss.push(v);
+                state.validation.push((state.step, v));
             }
         }
         if epoch_end || state.step % opts.checkpoint_every.max(1) == 0 {
@@ -318,8 +324,7 @@ pub fn train(
     save_checkpoint(&ckpt, &lora, &opt, &state)?;
     let losses = serde_json::json!({
         "train_loss": state.train_loss,
-        "validation_start": state.validation_start,
-        "validation_loss": state.validation_loss,
+        "validation": state.validation,
     });
     let p = out.join("losses.json");
     std::fs::write(&p, format!("{losses}\n")).map_err(io(&p))?;
