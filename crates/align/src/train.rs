@@ -6,6 +6,7 @@ pub mod checkpointed;
 pub mod model;
 pub mod optim;
 pub mod run;
+pub mod softmax;
 
 pub use model::{DenseModel, FrozenLinear, Lora};
 pub use run::{read_tokens, train, Progress, TokenExample, TrainOptions, TrainState};

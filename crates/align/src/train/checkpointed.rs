@@ -22,10 +22,9 @@ pub struct Step {
 /// Loss of one example without gradients (validation), one block alive at a time.
 pub fn loss(m: &DenseModel, ids: &[u32], labels: &[i64], lora: &Lora) -> Result<(f32, usize)> {
     let (at, want) = DenseModel::targets(ids, labels)?;
-    let mask = DenseModel::mask(ids.len())?;
     let mut x = m.embed(ids)?;
     for l in 0..m.num_layers() {
-        x = m.layer(l, &x, &mask, Some(lora))?.detach();
+        x = m.layer(l, &x, Some(lora))?.detach();
     }
     Ok((m.head_loss(&x, &at, &want)?.detach().to_scalar()?, at.len()))
 }
@@ -33,12 +32,11 @@ pub fn loss(m: &DenseModel, ids: &[u32], labels: &[i64], lora: &Lora) -> Result<
 /// Loss and gradients of one example.
 pub fn loss_and_grads(m: &DenseModel, ids: &[u32], labels: &[i64], lora: &Lora) -> Result<Step> {
     let (at, want) = DenseModel::targets(ids, labels)?;
-    let mask = DenseModel::mask(ids.len())?;
     let mut inputs = Vec::with_capacity(m.num_layers());
     let mut x = m.embed(ids)?;
     for l in 0..m.num_layers() {
         inputs.push(x.clone());
-        x = m.layer(l, &x, &mask, Some(lora))?.detach();
+        x = m.layer(l, &x, Some(lora))?.detach();
     }
     let top = Var::from_tensor(&x)?;
     let loss = m.head_loss(top.as_tensor(), &at, &want)?;
@@ -51,7 +49,7 @@ pub fn loss_and_grads(m: &DenseModel, ids: &[u32], labels: &[i64], lora: &Lora) 
     let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
     for l in (0..m.num_layers()).rev() {
         let xin = Var::from_tensor(&inputs[l])?;
-        let out = m.layer(l, xin.as_tensor(), &mask, Some(lora))?;
+        let out = m.layer(l, xin.as_tensor(), Some(lora))?;
         let g = (out * &upstream)?.sum_all()?.backward()?;
         for (slot, v) in grads.iter_mut().zip(&vars) {
             if let Some(d) = g.get(v.as_tensor()) {

@@ -212,6 +212,20 @@ impl DenseModel {
         })
     }
 
+    /// [`DenseModel::load`] from a GGUF file or a Hugging Face safetensors folder.
+    pub fn from_path(path: &std::path::Path) -> Result<Self> {
+        if path.is_dir() {
+            let mut src =
+                speccompact_runtime::weights::SafetensorsWeights::open(path, &Device::Cpu)?;
+            Self::load(&mut src)
+        } else {
+            let (ct, mut f) = speccompact_runtime::read_gguf(path)?;
+            let mut src =
+                speccompact_runtime::weights::GgufWeights::new(&ct, &mut f, &Device::Cpu)?;
+            Self::load(&mut src)
+        }
+    }
+
     /// Fresh side paths of rank `r` on `modules` (names from [`MODULES`]): `a` uniform in
     /// ±1/sqrt(in) from `seed`, `b` zero (the adapted model starts as the base).
     pub fn lora(&self, r: usize, alpha: f32, modules: &[String], seed: u64) -> Result<Lora> {
@@ -314,33 +328,13 @@ impl DenseModel {
             .index_select(&Tensor::new(ids, &Device::Cpu)?, 0)?)
     }
 
-    /// The causal mask for `n` tokens, `[1, n, n]`.
-    pub fn mask(n: usize) -> Result<Tensor> {
-        let mask: Vec<f32> = (0..n * n)
-            .map(|k| {
-                if k % n > k / n {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        Ok(Tensor::from_vec(mask, (1, n, n), &Device::Cpu)?)
-    }
-
     /// Number of transformer blocks.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
 
-    /// Block `l` on the residual stream `x` (`[n, hidden]`).
-    pub fn layer(
-        &self,
-        l: usize,
-        x: &Tensor,
-        mask: &Tensor,
-        lora: Option<&Lora>,
-    ) -> Result<Tensor> {
+    /// Block `l` on the residual stream `x` (`[n, hidden]`), causal over its `n` positions.
+    pub fn layer(&self, l: usize, x: &Tensor, lora: Option<&Lora>) -> Result<Tensor> {
         let c = &self.cfg;
         let layer = &self.layers[l];
         let (n, _) = x.dims2()?;
@@ -356,10 +350,7 @@ impl DenseModel {
         // Each kv head serves `g` query heads: [hkv, g * n, hd] against [hkv, n, hd].
         let q = q.reshape((hkv, g * n, hd))?;
         let s = (q.matmul(&k.t()?)? * c.attn_scale)?.reshape((hkv * g, n, n))?;
-        let s = s.broadcast_add(mask)?;
-        let max = s.max_keepdim(candle_core::D::Minus1)?.detach();
-        let e = s.broadcast_sub(&max)?.exp()?;
-        let p = e.broadcast_div(&e.sum_keepdim(candle_core::D::Minus1)?)?;
+        let p = s.apply_op1(super::softmax::CausalSoftmax)?;
         let o = p.reshape((hkv, g * n, n))?.matmul(&v)?; // [hkv, g * n, hd]
         let o = o
             .reshape((hq, n, hd))?
@@ -375,10 +366,9 @@ impl DenseModel {
 
     /// Hidden states after the final norm, `[n, hidden]`, for tokens `ids`.
     pub fn hidden(&self, ids: &[u32], lora: Option<&Lora>) -> Result<Tensor> {
-        let mask = Self::mask(ids.len())?;
         let mut x = self.embed(ids)?;
         for l in 0..self.layers.len() {
-            x = self.layer(l, &x, &mask, lora)?;
+            x = self.layer(l, &x, lora)?;
         }
         self.rms(&x, &self.final_norm)
     }
@@ -437,10 +427,9 @@ impl DenseModel {
         lora: Option<&Lora>,
     ) -> Result<(Tensor, usize)> {
         let (at, want) = Self::targets(ids, labels)?;
-        let mask = Self::mask(ids.len())?;
         let mut x = self.embed(ids)?;
         for l in 0..self.layers.len() {
-            x = self.layer(l, &x, &mask, lora)?;
+            x = self.layer(l, &x, lora)?;
         }
         Ok((self.head_loss(&x, &at, &want)?, at.len()))
     }

@@ -119,6 +119,8 @@ pub struct Progress {
     pub loss: f32,
     /// Labelled tokens per second over this run's steps (forward and backward).
     pub tokens_per_s: f64,
+    /// Input tokens (prompt and body) per second over this run's steps.
+    pub inputs_per_s: f64,
 }
 
 /// What a run did.
@@ -286,7 +288,7 @@ pub fn train(
     let per_epoch = train.len();
     let total = per_epoch * opts.epochs;
     let t0 = Instant::now();
-    let (mut tokens, mut done_here) = (0usize, 0usize);
+    let (mut tokens, mut inputs, mut done_here) = (0usize, 0usize, 0usize);
     while state.step < total {
         if stop_after.is_some_and(|s| done_here >= s) {
             break;
@@ -303,12 +305,14 @@ pub fn train(
         state.step += 1;
         state.train_loss.push(s.loss);
         tokens += s.tokens;
+        inputs += e.input_ids.len();
         done_here += 1;
         on_step(&Progress {
             step: state.step,
             total,
             loss: s.loss,
             tokens_per_s: tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+            inputs_per_s: inputs as f64 / t0.elapsed().as_secs_f64().max(1e-9),
         });
         let epoch_end = state.step % per_epoch == 0;
         let every = opts.validate_every > 0 && state.step % opts.validate_every == 0;
