@@ -138,7 +138,8 @@ fn an_adapter_written_by_peft_loads_and_bad_ones_are_named() {
     assert!(same(&d, &want));
     assert!(a.delta(0, "q_proj").unwrap().is_none());
 
-    let cases: Vec<(serde_json::Value, Vec<(String, Tensor)>, &str)> = vec![
+    type Case<'a> = (serde_json::Value, Vec<(String, Tensor)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             serde_json::json!("all-linear"),
             good.clone(),

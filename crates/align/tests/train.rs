@@ -126,7 +126,7 @@ fn the_loss_covers_the_body_only() {
     assert_eq!(n2, n + 1);
     assert_ne!(l2.to_scalar::<f32>().unwrap(), got);
     // An example with nothing labelled is refused, not a NaN.
-    assert!(d.loss(&toks, &vec![-100; 20], None).is_err());
+    assert!(d.loss(&toks, &[-100; 20], None).is_err());
 }
 
 /// The frozen projection's backward gives the input the same gradient as a plain matmul with
@@ -289,8 +289,7 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     let sa = train(
         &d,
-        &ex,
-        &ex[..2],
+        (&ex, &ex[..2]),
         &opts,
         &a,
         ("tiny", Some("ab".into())),
@@ -300,8 +299,7 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
     .unwrap();
     let sb = train(
         &d,
-        &ex,
-        &ex[..2],
+        (&ex, &ex[..2]),
         &opts,
         &b,
         ("tiny", Some("ab".into())),
@@ -313,8 +311,7 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
     assert!(!b.join("adapter").exists());
     let sb = train(
         &d,
-        &ex,
-        &ex[..2],
+        (&ex, &ex[..2]),
         &opts,
         &b,
         ("tiny", Some("ab".into())),
@@ -349,8 +346,7 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
     let other = TrainOptions { lr: 2e-2, ..opts };
     let err = train(
         &d,
-        &ex,
-        &ex[..2],
+        (&ex, &ex[..2]),
         &other,
         &b,
         ("tiny", None),

@@ -252,8 +252,7 @@ fn train(a: &TrainArgs, rt: &RuntimeArgs, store: &Store) -> Result<()> {
     let t1 = std::time::Instant::now();
     let state = speccompact_align::train::train(
         &model,
-        &tr,
-        &val,
+        (&tr, &val),
         &opts,
         &a.out,
         (&name, Some(sha).filter(|s| !s.is_empty())),

@@ -51,16 +51,14 @@ impl AdamW {
         let (b1, b2) = self.betas;
         let c1 = 1.0 - b1.powi(self.step as i32);
         let c2 = 1.0 - b2.powi(self.step as i32);
-        for i in 0..vars.len() {
-            let g = &grads[i];
-            self.m[i] = ((&self.m[i] * b1)? + (g * (1.0 - b1))?)?;
-            self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let mhat = (&self.m[i] / c1)?;
-            let vhat = (&self.v[i] / c2)?;
+        for (((var, g), m), v) in vars.iter().zip(grads).zip(&mut self.m).zip(&mut self.v) {
+            *m = ((&*m * b1)? + (g * (1.0 - b1))?)?;
+            *v = ((&*v * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let mhat = (&*m / c1)?;
+            let vhat = (&*v / c2)?;
             let upd = (mhat / (vhat.sqrt()? + self.eps)?)?;
-            let w = vars[i].as_tensor();
-            let decayed = (w * (1.0 - lr * self.weight_decay))?;
-            vars[i].set(&(decayed - (upd * lr)?)?)?;
+            let decayed = (var.as_tensor() * (1.0 - lr * self.weight_decay))?;
+            var.set(&(decayed - (upd * lr)?)?)?;
         }
         Ok(())
     }
@@ -91,11 +89,11 @@ impl AdamW {
         let t =
             candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
         let mut s = Self::new(vars)?;
-        for i in 0..vars.len() {
+        for (i, var) in vars.iter().enumerate() {
             let (Some(m), Some(v)) = (t.get(&format!("m.{i}")), t.get(&format!("v.{i}"))) else {
                 return Err(bad(format!("moments of variable {i} missing")));
             };
-            if m.dims() != vars[i].dims() || v.dims() != vars[i].dims() {
+            if m.dims() != var.dims() || v.dims() != var.dims() {
                 return Err(bad(format!("moments of variable {i} have the wrong shape")));
             }
             s.m[i] = m.clone();

@@ -243,20 +243,21 @@ fn load_checkpoint(
     Ok(Some((opt, state)))
 }
 
-/// Trains (or resumes training) an adapter on `train`, validating on `val`; stops after
+/// Trains (or resumes training) an adapter on the training examples, validating on the
+/// validation ones; stops after
 /// `stop_after` steps of this call when given (a later call resumes). Writes the adapter
 /// (PEFT layout, Hugging Face row order) when the run is complete; returns the state.
 pub fn train(
     m: &DenseModel,
-    train: &[TokenExample],
-    val: &[TokenExample],
+    (train, val): (&[TokenExample], &[TokenExample]),
     opts: &TrainOptions,
     out: &Path,
     base: (&str, Option<String>),
     stop_after: Option<usize>,
     on_step: &mut dyn FnMut(&Progress),
 ) -> Result<TrainState> {
-    if train.is_empty() || opts.epochs == 0 || opts.clip <= 0.0 || !(opts.lr > 0.0) {
+    let lr_ok = opts.lr.is_finite() && opts.lr > 0.0;
+    if train.is_empty() || opts.epochs == 0 || opts.clip <= 0.0 || !lr_ok {
         return Err(Error::Settings(format!(
             "{} training examples, {} epochs, clip {}, lr {} (each must be positive)",
             train.len(),
