@@ -4,7 +4,8 @@
 //! and line verification pay for what they check. Prints a markdown table (and writes it
 //! with --out). With `--profile`, a second table splits each forward by operation
 //! (projections, attention, norms, rotary, cache append, logits, argmax) and names the rest
-//! (tensor glue, allocation, dispatch).
+//! (tensor glue, allocation, dispatch). With `--adapter DIR` each model is measured again
+//! with that LoRA adapter on it (its side paths), in the same run.
 
 use anyhow::Result;
 use candle_core::Device;
@@ -41,6 +42,9 @@ struct Args {
     /// Also time each operation of the forward (mean of `--runs` more forwards).
     #[arg(long)]
     profile: bool,
+    /// A LoRA adapter (PEFT layout) for the models: each is measured without and with it.
+    #[arg(long)]
+    adapter: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -60,9 +64,19 @@ fn main() -> Result<()> {
         ops.push_str(&"---|".repeat(Op::ALL.len() + 2));
         ops.push('\n');
     }
+    let mut models = Vec::new();
     for name in &args.models {
         let path = store.resolve(name, &mut |_| {})?;
         let m = Model::load(&path, &Device::Cpu, LoadOptions::default())?;
+        if let Some(dir) = &args.adapter {
+            let adapted = speccompact_loader::with_adapter(&m, &path, dir)?;
+            models.push((name.clone(), m));
+            models.push((format!("{name} + adapter"), adapted));
+        } else {
+            models.push((name.clone(), m));
+        }
+    }
+    for (name, m) in &models {
         let d = &m.decoder;
         let vocab = d.config().vocab_size;
         for &depth in &args.depths {

@@ -123,26 +123,19 @@ pub fn split_of(id: &str, percent: u32) -> &'static str {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    }
-}
-
 /// Writes `text` to `path` through a temporary file in the same folder.
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io(dir))?;
-    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(io(path))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(Error::io(dir))?;
+    std::io::Write::write_all(&mut tmp, text.as_bytes()).map_err(Error::io(path))?;
     // Temporary files are private; the data are ordinary files.
     #[cfg(unix)]
     std::fs::set_permissions(
         tmp.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )
-    .map_err(io(path))?;
-    tmp.persist(path).map_err(|e| io(path)(e.error))?;
+    .map_err(Error::io(path))?;
+    tmp.persist(path).map_err(|e| Error::io(path)(e.error))?;
     Ok(())
 }
 
@@ -316,7 +309,7 @@ fn resume(path: &Path, id: &str) -> Result<Option<SessionData>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(path)(e)),
+        Err(e) => return Err(Error::io(path)(e)),
     };
     let bad = |reason: String| Error::Resume {
         path: path.display().to_string(),
@@ -351,7 +344,7 @@ pub fn build<B: Backend + 'static>(
         )));
     }
     let dir = opts.out.join("sessions");
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    std::fs::create_dir_all(&dir).map_err(Error::io(&dir))?;
     let end = end_token(tok, &c.drafter().format().assistant_to_user)?;
     let mut summary = DataSummary {
         sessions: sessions.len(),

@@ -3,16 +3,14 @@
 //! [`data::build`] has the target write every slot alone on the very prompts the drafter sees
 //! (target-self), filters the bodies ([`filter`]), and writes prompt/completion JSONL, the
 //! same examples pre-tokenized for the drafter (labels masked to the body), and a manifest;
-//! [`adapter`] reads and writes LoRA adapters in PEFT's layout; [`train`] trains them on a
-//! dense copy of the drafter.
+//! [`train`] trains LoRA adapters (the runtime's [`speccompact_runtime::adapter`], PEFT's
+//! layout) on a dense copy of the drafter.
 
-pub mod adapter;
 pub mod curve;
 pub mod data;
 pub mod filter;
 pub mod train;
 
-pub use adapter::{Adapter, LoraPair};
 pub use data::{build, DataOptions, DataSummary, ModelFile};
 pub use filter::{check, Rejection};
 
@@ -46,12 +44,12 @@ pub enum Error {
         /// The cause.
         source: speccompact_engine::Error,
     },
-    /// An adapter's files are not what they should be, or it does not fit its base.
-    #[error("adapter {path}: {reason}")]
-    Adapter {
-        /// The adapter's file.
+    /// A checkpoint could not be written.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The file.
         path: String,
-        /// What is wrong.
+        /// What failed.
         reason: String,
     },
     /// A tensor operation failed.
@@ -63,6 +61,16 @@ pub enum Error {
     /// The evaluation crate's helpers failed (reading data, checksums).
     #[error(transparent)]
     Data(#[from] speccompact_eval::Error),
+}
+
+impl Error {
+    /// The I/O error of `path`, for `map_err`.
+    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
 }
 
 /// Results of this crate.

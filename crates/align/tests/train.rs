@@ -341,7 +341,7 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
         sa.validation
     );
     // The adapter loads back, in the Hugging Face row order, with its base recorded.
-    let ad = speccompact_align::Adapter::load(&a.join("adapter"), &Device::Cpu).unwrap();
+    let ad = speccompact_runtime::Adapter::load(&a.join("adapter"), &Device::Cpu).unwrap();
     assert_eq!((ad.r, ad.base_sha256.as_deref()), (4, Some("ab")));
     let other = TrainOptions { lr: 2e-2, ..opts };
     let err = train(

@@ -84,6 +84,9 @@ pub struct EngineArgs {
     /// Target: store name or path (default from the settings: qwen2.5-coder-0.5b-instruct).
     #[arg(long)]
     pub target: Option<String>,
+    /// A LoRA adapter on the drafter: a folder in PEFT's layout (`align train` writes one).
+    #[arg(long, value_name = "DIR")]
+    pub drafter_adapter: Option<PathBuf>,
     /// Acceptance threshold on p_yes / (p_yes + p_no).
     #[arg(long)]
     pub eta: Option<f32>,
@@ -111,6 +114,9 @@ impl EngineArgs {
         }
         if let Some(t) = &self.target {
             cfg.target = t.clone();
+        }
+        if let Some(a) = &self.drafter_adapter {
+            cfg.drafter_adapter = Some(a.display().to_string());
         }
         if let Some(e) = self.eta {
             cfg.set_eta(e);

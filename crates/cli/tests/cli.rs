@@ -43,13 +43,20 @@ impl Sandbox {
 
     /// Runs the binary with `args`.
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_speccompact"))
-            .args(args)
+        self.run_logged(args, None)
+    }
+
+    /// Runs the binary with `args` and the log filter `log` (none: warnings only).
+    fn run_logged(&self, args: &[&str], log: Option<&str>) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_speccompact"));
+        c.args(args)
             .current_dir(self.dir.path())
             .env("SPECCOMPACT_HOME", self.path("home"))
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("run speccompact")
+            .env_remove("RUST_LOG");
+        if let Some(l) = log {
+            c.env("RUST_LOG", l).env("NO_COLOR", "1");
+        }
+        c.output().expect("run speccompact")
     }
 
     /// Runs the binary on each case's arguments and asserts the case's exit status and that
@@ -449,4 +456,85 @@ fn align_data_builds_accounts_for_every_slot_and_resumes() {
         1,
         &["reading missing.jsonl"],
     )]);
+}
+
+/// `--drafter-adapter` puts a LoRA adapter on the drafter: one trained on that drafter file
+/// is used (a side path on every projection; what it changes is tested on the model), one
+/// that records another file or a missing folder is refused with what is wrong.
+#[test]
+fn a_drafter_adapter_is_used_on_its_base_and_refused_on_another() {
+    let s = Sandbox::new();
+    let drafter = s.tiny(Architecture::Llama, 3, 16384);
+    let target = s.tiny(Architecture::Qwen2, 5, 16384);
+    let cfg = s.file("fast.toml", FAST);
+    let mut spec = TinyModel::new(Architecture::Llama);
+    spec.seed = 3;
+    let (sha, _) = speccompact_store::sha256_file(Path::new(&drafter)).unwrap();
+    let mut adapter = spec.random_adapter(4, 1).unwrap();
+    adapter.base_sha256 = Some(sha.clone());
+    adapter.save(&s.path("good")).unwrap();
+    adapter.base_sha256 = Some("f".repeat(64));
+    adapter.save(&s.path("other")).unwrap();
+    let session = sample();
+    let compact = |extra: &[&str]| {
+        let mut args = vec![
+            "--threads",
+            "1",
+            "compact",
+            &session,
+            "--drafter",
+            &drafter,
+            "--target",
+            &target,
+            "--config",
+            &cfg,
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        s.run(&args)
+    };
+    // The drafter runs with a side path on each of its 2 x 7 projections.
+    let good = s.path("good").display().to_string();
+    let mut args = vec![
+        "--threads",
+        "1",
+        "compact",
+        &session,
+        "--drafter",
+        &drafter,
+        "--target",
+        &target,
+        "--config",
+        &cfg,
+        "--format",
+        "json",
+        "--drafter-adapter",
+        &good,
+    ];
+    let o = s.run_logged(&args, Some("speccompact_loader=info"));
+    assert!(o.status.success(), "stderr:\n{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("side_paths=14"),
+        "stderr:\n{}",
+        stderr(&o)
+    );
+    args.truncate(args.len() - 2);
+    let o = s.run_logged(&args, Some("speccompact_loader=info"));
+    assert!(!stderr(&o).contains("drafter adapter"), "{}", stderr(&o));
+    let other = s.path("other").display().to_string();
+    let o = compact(&["--drafter-adapter", &other]);
+    assert_eq!(o.status.code(), Some(1), "stderr:\n{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&sha) && stderr(&o).contains("ffff"),
+        "{}",
+        stderr(&o)
+    );
+    let o = compact(&["--drafter-adapter", "no-such-adapter"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no-such-adapter/adapter_config.json"),
+        "{}",
+        stderr(&o)
+    );
 }

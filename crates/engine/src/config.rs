@@ -86,6 +86,10 @@ pub enum Overlap {
 pub struct CompactionConfig {
     /// Drafter model: store name or path.
     pub drafter: String,
+    /// A LoRA adapter on the drafter: a folder in PEFT's layout (`adapter_config.json`,
+    /// `adapter_model.safetensors`), trained on this drafter file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drafter_adapter: Option<String>,
     /// Target model: store name or path.
     pub target: String,
     /// Acceptance threshold on r = p+ / (p+ + p-).

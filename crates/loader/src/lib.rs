@@ -1,12 +1,14 @@
 //! From model names to a ready [`Compactor`]: both models resolved in the model store
 //! (fetched on first use), loaded with the runtime settings, and the target's built-in
-//! calibration applied to the keys the user left unset. The engine itself knows nothing of
-//! the store; this crate joins the two.
+//! calibration applied to the keys the user left unset, and the drafter's LoRA adapter
+//! (checked against the drafter file it was trained on) put on. The engine itself knows
+//! nothing of the store; this crate joins the two.
 
 use speccompact_engine::calibration::{builtin_variants, Calibrations};
 use speccompact_engine::{CompactionConfig, Compactor, ModelBackend};
-use speccompact_runtime::{parse_device, Model, RuntimeSettings};
+use speccompact_runtime::{parse_device, Adapter, Model, RuntimeSettings};
 use speccompact_store::{Progress, Store};
+use std::path::Path;
 use std::sync::Arc;
 
 /// Why a compactor could not be built.
@@ -23,6 +25,25 @@ pub enum Error {
     Engine(#[from] speccompact_engine::Error),
 }
 
+/// `model` (loaded from `base`) with the adapter in `dir`, refused when the adapter records
+/// another base file.
+pub fn with_adapter(model: &Model, base: &Path, dir: &Path) -> Result<Model> {
+    let adapter = Adapter::load(dir, model.decoder.device())?;
+    if adapter.base_sha256.is_some() && base.is_file() {
+        let (sha, _) = speccompact_store::sha256_file(base)?;
+        adapter.check_base(dir, &sha)?;
+    }
+    let m = model.with_adapter(&adapter)?;
+    tracing::info!(
+        adapter = %dir.display(),
+        r = adapter.r,
+        alpha = adapter.alpha,
+        side_paths = m.decoder.side_paths(),
+        "drafter adapter"
+    );
+    Ok(m)
+}
+
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -30,7 +51,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// runtime settings, and builds a compactor. The target's entry in the built-in calibration
 /// (`configs/calibration.toml`) sets η, the judgment prompt and the line rule where the
 /// settings leave them unset (see [`CompactionConfig::apply_calibration`]). A drafter equal
-/// to the target shares its weights.
+/// to the target shares its weights. A drafter adapter is read from its folder, refused when
+/// it records another base file than the drafter's, and put on the drafter (side paths
+/// beside its quantized weights, which stay shared).
 pub fn load_compactor(
     config: CompactionConfig,
     settings: &RuntimeSettings,
@@ -45,20 +68,24 @@ pub fn load_compactor(
     config.validate("calibration")?;
     let device = parse_device(&settings.device)?;
     let opts = settings.load_options();
-    let load = |name: &str, progress: &mut dyn FnMut(Progress)| -> Result<ModelBackend> {
+    let load = |name: &str, progress: &mut dyn FnMut(Progress)| -> Result<(Arc<Model>, _)> {
         let path = store.resolve(name, progress)?;
-        let model = Model::load(&path, &device, opts)?;
-        Ok(ModelBackend::new(
-            name,
-            Arc::new(model),
-            settings.prefill_chunk,
-        )?)
+        Ok((Arc::new(Model::load(&path, &device, opts)?), path))
     };
-    let target = load(&config.target, progress)?;
-    let drafter = if config.drafter == config.target {
-        target.clone()
+    let backend = |name: &str, model: Arc<Model>| -> Result<ModelBackend> {
+        Ok(ModelBackend::new(name, model, settings.prefill_chunk)?)
+    };
+    let (target_model, target_path) = load(&config.target, progress)?;
+    let (drafter_model, drafter_path) = if config.drafter == config.target {
+        (target_model.clone(), target_path)
     } else {
         load(&config.drafter, progress)?
     };
+    let drafter_model = match &config.drafter_adapter {
+        Some(dir) => Arc::new(with_adapter(&drafter_model, &drafter_path, Path::new(dir))?),
+        None => drafter_model,
+    };
+    let target = backend(&config.target, target_model)?;
+    let drafter = backend(&config.drafter, drafter_model)?;
     Ok(Compactor::new(drafter, target, config)?)
 }

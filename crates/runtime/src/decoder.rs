@@ -6,6 +6,7 @@
 //! repeated per row) and against each row's own suffix (padded to the longest row).
 
 mod activation;
+mod adapt;
 mod attention;
 mod batched;
 mod load;

@@ -69,6 +69,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A LoRA adapter's files are not what they should be, or it does not fit its base.
+    #[error("adapter {path}: {reason}")]
+    Adapter {
+        /// The adapter's folder or file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A request to the model is inconsistent (empty input, position past the context, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -78,6 +87,14 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// The I/O error of `path`, for `map_err`.
+    pub fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
     pub(crate) fn metadata(key: &str, reason: impl std::fmt::Display) -> Self {
         Error::Metadata {
             key: key.to_string(),

@@ -4,6 +4,7 @@
 //! The seam for callers is [`Decoder::forward`]: B rows over one shared [`Prefix`], each with
 //! its own suffix and number of new tokens, returning logits only where asked.
 
+pub mod adapter;
 pub mod cache;
 pub mod chat;
 pub mod config;
@@ -13,6 +14,7 @@ mod error;
 pub mod generate;
 pub mod linear;
 pub mod lookup;
+mod lora;
 pub mod model;
 pub mod pass;
 pub mod profile;
@@ -23,6 +25,7 @@ pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
 
+pub use adapter::{Adapter, LoraPair};
 pub use cache::{Prefix, Sequence};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Activation, Architecture, ModelConfig, RopeStyle};

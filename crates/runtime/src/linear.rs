@@ -1,7 +1,9 @@
 //! Projection weights: quantized for decode, optionally a dense f32 copy for many-token
 //! forwards, the choice between candle's quantized matmul and the kernels crate's, and the
-//! load-time conversion of quant types that have no fast kernel.
+//! load-time conversion of quant types that have no fast kernel, and a LoRA adapter on top
+//! (a side path beside quantized weights, merged into dense ones).
 
+use crate::lora::SidePath;
 use crate::pass::Pass;
 use crate::weights::Weight;
 use crate::Result;
@@ -224,6 +226,9 @@ pub struct Linear {
     part: Option<(usize, usize)>,
     dense: Option<(Tensor, usize)>,
     bias: Option<Tensor>,
+    /// An adapter's side path, added to every forward that its dense copy (merged) does not
+    /// serve.
+    side: Option<Arc<SidePath>>,
 }
 
 impl Linear {
@@ -256,6 +261,7 @@ impl Linear {
             part: None,
             dense,
             bias,
+            side: None,
         })
     }
 
@@ -275,6 +281,7 @@ impl Linear {
                 part: None,
                 dense: None,
                 bias,
+                side: None,
             }),
         }
     }
@@ -335,6 +342,55 @@ impl Linear {
         }
     }
 
+    /// Inputs of this projection.
+    fn in_features(&self) -> usize {
+        match &self.weight {
+            QMatMul::QTensor(q) => q.shape().dims().get(1).copied().unwrap_or(0),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims().get(1).copied().unwrap_or(0),
+        }
+    }
+
+    /// This projection with a LoRA adapter, `W x + s · B (A x)` (`a` is `[r, in]`, `b` is
+    /// `[out, r]`): merged into a dense weight and into the dense copy, a side path beside
+    /// quantized bits. A shape that does not fit is returned as the reason.
+    pub fn with_adapter(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        scale: f32,
+    ) -> std::result::Result<Self, String> {
+        let side = SidePath::new(a, b, scale, self.out_features(), self.in_features())?;
+        let merge = |w: &Tensor| -> Result<Tensor> {
+            Ok((w.to_dtype(candle_core::DType::F32)? + side.delta()?.to_device(w.device())?)?)
+        };
+        let mut out = self.clone();
+        match &self.weight {
+            QMatMul::Tensor(w) | QMatMul::TensorF16(w) => {
+                out.weight = QMatMul::Tensor(merge(w).map_err(|e| e.to_string())?);
+                return Ok(out);
+            }
+            QMatMul::QTensor(_) => {}
+        }
+        if let Some((w, min_rows)) = &self.dense {
+            out.dense = Some((merge(w).map_err(|e| e.to_string())?, *min_rows));
+        }
+        out.side = Some(Arc::new(side));
+        Ok(out)
+    }
+
+    /// Whether an adapter's side path runs beside this projection's quantized weight.
+    pub fn has_side_path(&self) -> bool {
+        self.side.is_some()
+    }
+
+    /// Adds the side path's `s · B (A x)` to `y` where the merged dense copy did not serve.
+    fn add_side(&self, x: &Tensor, y: Tensor, pass: Pass, rows: usize) -> Result<Tensor> {
+        match &self.side {
+            Some(s) if !self.dense_serves(pass, rows) => Ok((y + s.forward(x)?)?),
+            _ => Ok(y),
+        }
+    }
+
     fn weight_rows(&self) -> usize {
         match &self.weight {
             QMatMul::QTensor(q) => q.shape().dims().first().copied().unwrap_or(0),
@@ -361,7 +417,11 @@ impl Linear {
         };
         let widths: Vec<usize> = parts.iter().map(|p| p.out_features()).collect();
         let ys = k.forward_split(x, &widths)?;
-        parts.iter().zip(ys).map(|(p, y)| p.add_bias(y)).collect()
+        parts
+            .iter()
+            .zip(ys)
+            .map(|(p, y)| p.add_bias(p.add_side(x, y, pass, rows)?))
+            .collect()
     }
 
     /// Whether the dense copy serves a forward of `rows` rows in `pass`.
@@ -403,7 +463,7 @@ impl Linear {
             }
             _ => self.weight.forward(x)?,
         };
-        self.add_bias(y)
+        self.add_bias(self.add_side(x, y, pass, rows)?)
     }
 }
 

@@ -67,6 +67,15 @@ impl Model {
         }
     }
 
+    /// The same model with a LoRA adapter on its decoder ([`Decoder::with_adapter`]; weights
+    /// shared with this one).
+    pub fn with_adapter(&self, adapter: &crate::Adapter) -> Result<Model> {
+        Ok(Model {
+            decoder: self.decoder.with_adapter(adapter)?,
+            ..self.clone()
+        })
+    }
+
     /// Loads a model from a GGUF file or a Hugging Face model folder.
     pub fn load(path: &Path, device: &Device, opts: LoadOptions) -> Result<Self> {
         if path.is_dir() {

@@ -5,6 +5,7 @@
 //! tokenizer_config.json), so the two formats describe the same model. Both carry a real
 //! byte-level BPE vocabulary, special tokens and a ChatML template.
 
+use crate::adapter::{interleave_rope_rows, Adapter, LoraPair, MODULES};
 use crate::config::Architecture;
 use crate::tokenizer::byte_level_tokenizer_json;
 use crate::weights::Param;
@@ -12,7 +13,7 @@ use crate::{Error, Result};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 /// The ChatML template written into tiny models (the same shape Qwen and SmolLM2 use).
@@ -128,17 +129,26 @@ pub fn tiny_vocab() -> (Vec<String>, Vec<String>, Vec<i32>) {
     (tokens, merges, types)
 }
 
-struct Rng(u64);
+/// A seeded xorshift generator: the one source of random test weights.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
 
 impl Rng {
-    fn next_f32(&mut self) -> f32 {
+    /// A generator for `seed` (any value, zero included).
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn next_f32(&mut self) -> f32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
-    fn tensor(&mut self, shape: &[usize], scale: f32, offset: f32) -> Result<Tensor> {
+    /// A CPU tensor of `shape` with elements `offset + scale · u`, `u` uniform in [-1, 1).
+    pub fn tensor(&mut self, shape: &[usize], scale: f32, offset: f32) -> Result<Tensor> {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| offset + scale * self.next_f32()).collect();
         Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
@@ -153,23 +163,13 @@ fn pre_tokenizer(arch: Architecture) -> &'static str {
     }
 }
 
-/// Reorders q/k rows from rotate-half order to the interleaved order of llama GGUF files
-/// (what llama.cpp's converter does), for `heads` heads of width `hd`.
-pub fn permute_for_interleaved_rope(w: &Tensor, heads: usize, hd: usize) -> Result<Tensor> {
-    let cols = w.dim(1)?;
-    Ok(w.reshape((heads, 2, hd / 2, cols))?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape((heads * hd, cols))?)
-}
-
 impl TinyModel {
     /// The weights in Hugging Face conventions; norm weights are the effective multipliers.
     fn weights(&self) -> Result<Vec<(Param, Tensor)>> {
         let (tokens, _, _) = tiny_vocab();
         let vocab = tokens.len();
         let hd = self.hd();
-        let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = Rng::new(self.seed);
         let mut out = Vec::new();
         let round =
             |t: Tensor| -> Result<Tensor> { Ok(t.to_dtype(self.st_dtype)?.to_dtype(DType::F32)?) };
@@ -233,6 +233,39 @@ impl TinyModel {
             .collect()
     }
 
+    /// A random LoRA adapter of rank `r` on every projection, in Hugging Face row order,
+    /// strong enough to move the logits well past quantization noise (no base checksum).
+    pub fn random_adapter(&self, r: usize, seed: u64) -> Result<Adapter> {
+        let hd = self.hd();
+        let (h, q, kv, f) = (self.hidden, self.heads * hd, self.kv_heads * hd, self.ffn);
+        let shapes = [
+            ("q_proj", q, h),
+            ("k_proj", kv, h),
+            ("v_proj", kv, h),
+            ("o_proj", h, q),
+            ("gate_proj", f, h),
+            ("up_proj", f, h),
+            ("down_proj", h, f),
+        ];
+        let mut rng = Rng::new(seed);
+        let mut pairs = BTreeMap::new();
+        for layer in 0..self.layers {
+            for (m, out, inp) in shapes {
+                let a = rng.tensor(&[r, inp], 1.0 / (inp as f32).sqrt(), 0.0)?;
+                let b = rng.tensor(&[out, r], 0.3, 0.0)?;
+                pairs.insert((layer, m.to_string()), LoraPair { a, b });
+            }
+        }
+        Ok(Adapter {
+            r,
+            alpha: 2.0 * r as f32,
+            target_modules: MODULES.iter().map(|(m, _)| m.to_string()).collect(),
+            base_name: format!("tiny-{:?}", self.arch).to_lowercase(),
+            base_sha256: None,
+            pairs,
+        })
+    }
+
     /// Writes the model to `path` as GGUF.
     pub fn write(&self, path: &Path) -> Result<()> {
         let (tokens, merges, types) = tiny_vocab();
@@ -242,10 +275,10 @@ impl TinyModel {
         for (param, t) in self.weights()? {
             let t = match (self.arch, param) {
                 (Architecture::Llama, Param::Q(_)) => {
-                    permute_for_interleaved_rope(&t, self.heads, hd)?
+                    interleave_rope_rows(&t, self.heads, hd, false)?
                 }
                 (Architecture::Llama, Param::K(_)) => {
-                    permute_for_interleaved_rope(&t, self.kv_heads, hd)?
+                    interleave_rope_rows(&t, self.kv_heads, hd, false)?
                 }
                 _ => t,
             };

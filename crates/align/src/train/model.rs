@@ -11,9 +11,9 @@
 //! llama GGUF files and rotate-half otherwise, grouped-query attention, SiLU MLP), checked
 //! against the runtime's logits in the tests.
 
-use crate::adapter::{Adapter, LoraPair, MODULES};
 use crate::{Error, Result};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, Var};
+use speccompact_runtime::adapter::{Adapter, LoraPair, MODULES};
 use speccompact_runtime::weights::{Param, WeightSource};
 use speccompact_runtime::{Architecture, ModelConfig, RopeStyle};
 use std::collections::BTreeMap;

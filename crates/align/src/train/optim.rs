@@ -74,7 +74,7 @@ impl AdamW {
             "step".into(),
             Tensor::new(&[self.step as u32], &Device::Cpu)?,
         );
-        candle_core::safetensors::save(&t, path).map_err(|e| Error::Adapter {
+        candle_core::safetensors::save(&t, path).map_err(|e| Error::Checkpoint {
             path: path.display().to_string(),
             reason: e.to_string(),
         })

@@ -30,10 +30,7 @@ pub struct TokenExample {
 
 /// Reads a `*.tokens.jsonl` file; a bad line is an error naming the file and line.
 pub fn read_tokens(path: &Path) -> Result<Vec<TokenExample>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(Error::io(path))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -154,13 +151,6 @@ fn order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     v
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    }
-}
-
 fn mean_loss(m: &DenseModel, lora: &Lora, xs: &[TokenExample]) -> Result<Option<f32>> {
     if xs.is_empty() {
         return Ok(None);
@@ -177,9 +167,9 @@ fn mean_loss(m: &DenseModel, lora: &Lora, xs: &[TokenExample]) -> Result<Option<
 fn save_checkpoint(dir: &Path, lora: &Lora, opt: &AdamW, state: &TrainState) -> Result<()> {
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        std::fs::remove_dir_all(&tmp).map_err(Error::io(&tmp))?;
     }
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    std::fs::create_dir_all(&tmp).map_err(Error::io(&tmp))?;
     let vars: HashMap<String, Tensor> = lora
         .all_vars()
         .iter()
@@ -194,11 +184,11 @@ fn save_checkpoint(dir: &Path, lora: &Lora, opt: &AdamW, state: &TrainState) -> 
     opt.save(&tmp.join("optimizer.safetensors"))?;
     let text = serde_json::to_string_pretty(state).map_err(|e| Error::Settings(e.to_string()))?;
     let p = tmp.join("state.json");
-    std::fs::write(&p, text).map_err(io(&p))?;
+    std::fs::write(&p, text).map_err(Error::io(&p))?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+        std::fs::remove_dir_all(dir).map_err(Error::io(dir))?;
     }
-    std::fs::rename(&tmp, dir).map_err(io(dir))?;
+    std::fs::rename(&tmp, dir).map_err(Error::io(dir))?;
     Ok(())
 }
 
@@ -216,7 +206,7 @@ fn load_checkpoint(
         path: p.display().to_string(),
         reason,
     };
-    let text = std::fs::read_to_string(&sp).map_err(io(&sp))?;
+    let text = std::fs::read_to_string(&sp).map_err(Error::io(&sp))?;
     let state: TrainState =
         serde_json::from_str(&text).map_err(|e| bad(&sp, format!("not JSON: {e}")))?;
     if state.options.as_ref() != Some(opts) || state.examples != examples {
@@ -266,7 +256,7 @@ pub fn train(
             opts.lr
         )));
     }
-    std::fs::create_dir_all(out).map_err(io(out))?;
+    std::fs::create_dir_all(out).map_err(Error::io(out))?;
     let lora = m.lora(opts.r, opts.alpha, &opts.modules, opts.seed)?;
     let vars = lora.all_vars();
     let ckpt: PathBuf = out.join("checkpoint");
@@ -332,7 +322,7 @@ pub fn train(
         "validation": state.validation,
     });
     let p = out.join("losses.json");
-    std::fs::write(&p, format!("{losses}\n")).map_err(io(&p))?;
+    std::fs::write(&p, format!("{losses}\n")).map_err(Error::io(&p))?;
     if state.step >= total {
         let mut adapter = lora.adapter(base.0, base.1)?;
         if m.cfg.rope_style == RopeStyle::Interleaved {

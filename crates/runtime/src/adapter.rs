@@ -62,14 +62,9 @@ pub struct Adapter {
 
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::Adapter {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         reason: reason.into(),
     }
-}
-
-fn io(p: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = p.display().to_string();
-    move |source| Error::Io { path, source }
 }
 
 fn block_of(module: &str) -> Option<&'static str> {
@@ -193,7 +188,7 @@ impl Adapter {
 
     /// Writes `adapter_config.json` and `adapter_model.safetensors` into `dir` (created).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         let config = serde_json::json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -208,7 +203,7 @@ impl Adapter {
         });
         let path = dir.join(CONFIG_FILE);
         let text = serde_json::to_string_pretty(&config).map_err(|e| bad(&path, e.to_string()))?;
-        std::fs::write(&path, format!("{text}\n")).map_err(io(&path))?;
+        std::fs::write(&path, format!("{text}\n")).map_err(Error::io(&path))?;
         let mut tensors = BTreeMap::new();
         for ((layer, module), p) in &self.pairs {
             tensors.insert(peft_key(*layer, module, "A"), p.a.to_dtype(DType::F32)?);
@@ -219,17 +214,14 @@ impl Adapter {
             meta.insert(BASE_KEY.into(), s.clone());
         }
         let path = dir.join(WEIGHTS_FILE);
-        std::fs::write(&path, safetensors_bytes(&tensors, &meta)?).map_err(io(&path))?;
+        std::fs::write(&path, safetensors_bytes(&tensors, &meta)?).map_err(Error::io(&path))?;
         Ok(())
     }
 
     /// Reads an adapter in PEFT's layout from `dir` onto `device`.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         let cpath = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&cpath).map_err(|source| Error::Io {
-            path: cpath.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&cpath).map_err(Error::io(&cpath))?;
         let c: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| bad(&cpath, format!("not JSON: {e}")))?;
         if c["peft_type"].as_str() != Some("LORA") {
@@ -273,10 +265,7 @@ impl Adapter {
             return Err(bad(&cpath, "fan_in_fan_out = true is not supported"));
         }
         let wpath = dir.join(WEIGHTS_FILE);
-        let bytes = std::fs::read(&wpath).map_err(|source| Error::Io {
-            path: wpath.display().to_string(),
-            source,
-        })?;
+        let bytes = std::fs::read(&wpath).map_err(Error::io(&wpath))?;
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
             .map_err(|e| bad(&wpath, e.to_string()))?;
         let base_sha256 = meta
