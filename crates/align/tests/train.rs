@@ -5,6 +5,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor, Var};
 use candle_nn::Optimizer;
 use speccompact_align::train::{DenseModel, FrozenLinear};
+use speccompact_runtime::adapter::MODULES;
 use speccompact_runtime::synthetic::TinyModel;
 use speccompact_runtime::weights::GgufWeights;
 use speccompact_runtime::{read_gguf, Architecture, LoadOptions, LogitsAt, Model, Row};
@@ -67,17 +68,7 @@ fn the_training_forward_matches_the_runtime() {
         let diff = max_diff(&want, &ours);
         eprintln!("{arch:?}: max |runtime - training forward| = {diff:e}");
         assert!(diff < 1e-4, "{arch:?}: {diff}");
-        let modules: Vec<String> = [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-        .map(String::from)
-        .to_vec();
+        let modules: Vec<String> = MODULES.iter().map(|(m, _)| m.to_string()).collect();
         let lora = d.lora(4, 8.0, &modules, 1).unwrap();
         let with = d.logits(&toks, Some(&lora)).unwrap();
         assert_eq!(
@@ -287,38 +278,24 @@ fn a_run_resumes_to_the_same_adapter_and_validation_falls() {
         ..Default::default()
     };
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let sa = train(
-        &d,
-        (&ex, &ex[..2]),
-        &opts,
-        &a,
-        ("tiny", Some("ab".into())),
-        None,
-        &mut |_| {},
-    )
-    .unwrap();
-    let sb = train(
-        &d,
-        (&ex, &ex[..2]),
-        &opts,
-        &b,
-        ("tiny", Some("ab".into())),
-        Some(5),
-        &mut |_| {},
-    )
-    .unwrap();
+    let run = |out: &std::path::Path, stop_after: Option<usize>| {
+        let base = ("tiny", Some("ab".to_string()));
+        train(
+            &d,
+            (&ex, &ex[..2]),
+            &opts,
+            out,
+            base,
+            stop_after,
+            &mut |_| {},
+        )
+        .unwrap()
+    };
+    let sa = run(&a, None);
+    let sb = run(&b, Some(5));
     assert_eq!(sb.step, 5);
     assert!(!b.join("adapter").exists());
-    let sb = train(
-        &d,
-        (&ex, &ex[..2]),
-        &opts,
-        &b,
-        ("tiny", Some("ab".into())),
-        None,
-        &mut |_| {},
-    )
-    .unwrap();
+    let sb = run(&b, None);
     assert_eq!((sa.step, sb.step), (12, 12));
     assert_eq!(sa.train_loss, sb.train_loss);
     for f in [

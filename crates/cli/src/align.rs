@@ -50,7 +50,7 @@ pub struct TrainArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+        default_values_t = speccompact_runtime::adapter::MODULES.map(|(m, _)| m.to_string())
     )]
     pub modules: Vec<String>,
     /// Passes over the training examples.

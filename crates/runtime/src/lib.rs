@@ -18,6 +18,7 @@ mod lora;
 pub mod model;
 pub mod pass;
 pub mod profile;
+pub mod rng;
 pub mod settings;
 // Tiny random-weight models for tests and benchmarks: `cfg(test)` here, feature `testing` elsewhere.
 #[cfg(any(test, feature = "testing"))]

@@ -7,6 +7,7 @@
 
 use crate::adapter::{interleave_rope_rows, Adapter, LoraPair, MODULES};
 use crate::config::Architecture;
+pub use crate::rng::Rng;
 use crate::tokenizer::byte_level_tokenizer_json;
 use crate::weights::Param;
 use crate::{Error, Result};
@@ -127,32 +128,6 @@ pub fn tiny_vocab() -> (Vec<String>, Vec<String>, Vec<i32>) {
         types.push(3);
     }
     (tokens, merges, types)
-}
-
-/// A seeded xorshift generator: the one source of random test weights.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed` (any value, zero included).
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// A CPU tensor of `shape` with elements `offset + scale · u`, `u` uniform in [-1, 1).
-    pub fn tensor(&mut self, shape: &[usize], scale: f32, offset: f32) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| offset + scale * self.next_f32()).collect();
-        Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
-    }
 }
 
 fn pre_tokenizer(arch: Architecture) -> &'static str {

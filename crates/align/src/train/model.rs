@@ -14,6 +14,7 @@
 use crate::{Error, Result};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, Var};
 use speccompact_runtime::adapter::{Adapter, LoraPair, MODULES};
+use speccompact_runtime::rng::Rng;
 use speccompact_runtime::weights::{Param, WeightSource};
 use speccompact_runtime::{Architecture, ModelConfig, RopeStyle};
 use std::collections::BTreeMap;
@@ -30,22 +31,28 @@ impl CustomOp1 for FrozenLinear {
         "frozen-linear"
     }
 
+    /// `x Wᵀ` straight on the storages: no copy of the input or of the output.
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = match s {
-            CpuStorage::F32(v) => match l.contiguous_offsets() {
-                Some((a, b)) => Tensor::from_slice(&v[a..b], l.shape(), &Device::Cpu)?,
-                None => candle_core::bail!("frozen-linear: input must be contiguous"),
-            },
-            _ => candle_core::bail!("frozen-linear: input must be f32"),
-        };
-        let y = x.matmul(&self.w.t()?)?;
-        let (storage, layout) = y.storage_and_layout();
-        match (&*storage, layout.contiguous_offsets()) {
-            (candle_core::Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => {
-                Ok((CpuStorage::F32(v[a..b].to_vec()), y.shape().clone()))
-            }
-            _ => candle_core::bail!("frozen-linear: unexpected output storage"),
+        use candle_core::backend::BackendStorage;
+        if !l.is_contiguous() {
+            candle_core::bail!("frozen-linear: input must be contiguous");
         }
+        let (n, k) = self.w.dims2()?;
+        let mut dims = l.shape().dims().to_vec();
+        if dims.last() != Some(&k) {
+            candle_core::bail!("frozen-linear: input {dims:?} for a weight of {k} inputs");
+        }
+        let m = l.shape().elem_count() / k;
+        let (storage, wl) = self.w.storage_and_layout();
+        let candle_core::Storage::Cpu(w) = &*storage else {
+            candle_core::bail!("frozen-linear: the weight is not on the CPU");
+        };
+        let xl = Layout::contiguous_with_offset((m, k), l.start_offset());
+        let y = s.matmul(w, (1, m, n, k), &xl, &wl.transpose(0, 1)?)?;
+        if let Some(last) = dims.last_mut() {
+            *last = n;
+        }
+        Ok((y, Shape::from(dims)))
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -232,7 +239,7 @@ impl DenseModel {
         if r == 0 {
             return Err(Error::Settings("LoRA rank 0".into()));
         }
-        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut rng = Rng::new(seed);
         let mut vars = BTreeMap::new();
         for m in modules {
             let k = MODULES
@@ -242,15 +249,7 @@ impl DenseModel {
             for (i, layer) in self.layers.iter().enumerate() {
                 let (out, inp) = layer.proj[k].op.w.dims2()?;
                 let bound = 1.0 / (inp as f32).sqrt();
-                let a: Vec<f32> = (0..r * inp)
-                    .map(|_| {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        ((rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
-                    })
-                    .collect();
-                let a = Var::from_tensor(&Tensor::from_vec(a, (r, inp), &Device::Cpu)?)?;
+                let a = Var::from_tensor(&rng.tensor(&[r, inp], bound, 0.0)?)?;
                 let b = Var::zeros((out, r), DType::F32, &Device::Cpu)?;
                 vars.insert((i, m.clone()), (a, b));
             }

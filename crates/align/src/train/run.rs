@@ -14,6 +14,8 @@ use super::optim::{clip, cosine, AdamW};
 use crate::{Error, Result};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+use speccompact_runtime::adapter::MODULES;
+use speccompact_runtime::rng::Rng;
 use speccompact_runtime::RopeStyle;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -83,17 +85,7 @@ impl Default for TrainOptions {
         Self {
             r: 8,
             alpha: 16.0,
-            modules: [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ]
-            .map(String::from)
-            .to_vec(),
+            modules: MODULES.iter().map(|(m, _)| m.to_string()).collect(),
             epochs: 1,
             lr: 2e-4,
             warmup: 10,
@@ -138,15 +130,10 @@ pub struct TrainState {
 
 /// The order of epoch `e`: a seeded Fisher–Yates shuffle.
 fn order(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
-    let mut x = (seed ^ (epoch as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        | 1;
+    let mut rng = Rng::new(seed ^ (epoch as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
     let mut v: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.swap(i, (x % (i as u64 + 1)) as usize);
+        v.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
     v
 }
