@@ -13,7 +13,7 @@ use crate::weights::Param;
 use crate::{Error, Result};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
