@@ -60,6 +60,19 @@ impl CustomOp1 for FrozenLinear {
     }
 }
 
+impl FrozenLinear {
+    /// `x Wᵀ` through this op, or through candle's matmul when `weight_gradient` (whose
+    /// backward also computes `W`'s gradient, thrown away: kept to measure that waste).
+    fn forward(&self, x: &Tensor, weight_gradient: bool) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        Ok(match weight_gradient {
+            true => x.matmul(&self.w.t()?)?,
+            // The custom backward is recorded only when `x` leads back to a variable.
+            false => x.apply_op1(self.clone())?,
+        })
+    }
+}
+
 /// A frozen projection and its optional bias.
 #[derive(Debug, Clone)]
 struct Proj {
@@ -68,9 +81,8 @@ struct Proj {
 }
 
 impl Proj {
-    fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        // The custom backward is recorded only when `x` leads back to a variable.
-        let y = x.contiguous()?.apply_op1(self.op.clone())?;
+    fn apply(&self, x: &Tensor, weight_gradient: bool) -> Result<Tensor> {
+        let y = self.op.forward(x, weight_gradient)?;
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -141,6 +153,8 @@ pub struct DenseModel {
     layers: Vec<Layer>,
     final_norm: Tensor,
     output: FrozenLinear,
+    /// Candle's matmul for the frozen weights ([`DenseModel::with_weight_gradients`]).
+    weight_gradients: bool,
 }
 
 /// A weight as dense contiguous f32, `None` when the model does not have it.
@@ -216,7 +230,16 @@ impl DenseModel {
             layers,
             final_norm,
             output: FrozenLinear { w: output },
+            weight_gradients: false,
         })
+    }
+
+    /// The same model computing its frozen projections with candle's matmul, whose backward
+    /// also computes every frozen weight's gradient and throws it away: the same losses and
+    /// LoRA gradients, slower. For measuring what [`FrozenLinear`] saves.
+    pub fn with_weight_gradients(mut self) -> Self {
+        self.weight_gradients = true;
+        self
     }
 
     /// [`DenseModel::load`] from a GGUF file or a Hugging Face safetensors folder.
@@ -305,7 +328,7 @@ impl DenseModel {
 
     /// Projection `k` of layer `l` with its side path, if any.
     fn project(&self, l: usize, k: usize, x: &Tensor, lora: Option<&Lora>) -> Result<Tensor> {
-        let y = self.layers[l].proj[k].apply(x)?;
+        let y = self.layers[l].proj[k].apply(x, self.weight_gradients)?;
         let side = lora.and_then(|lo| {
             lo.vars
                 .get(&(l, MODULES[k].0.to_string()))
@@ -374,7 +397,8 @@ impl DenseModel {
 
     /// Logits at every position, `[n, vocab]`.
     pub fn logits(&self, ids: &[u32], lora: Option<&Lora>) -> Result<Tensor> {
-        Ok(self.hidden(ids, lora)?.apply_op1(self.output.clone())?)
+        self.output
+            .forward(&self.hidden(ids, lora)?, self.weight_gradients)
     }
 
     /// The positions that predict a label (position `i` predicts `labels[i + 1]`; labels
@@ -407,7 +431,7 @@ impl DenseModel {
     pub fn head_loss(&self, x: &Tensor, at: &[u32], want: &[u32]) -> Result<Tensor> {
         let h = self.rms(x, &self.final_norm)?;
         let h = h.index_select(&Tensor::new(at, &Device::Cpu)?, 0)?;
-        let logits = h.contiguous()?.apply_op1(self.output.clone())?;
+        let logits = self.output.forward(&h, self.weight_gradients)?;
         let max = logits.max_keepdim(1)?.detach();
         let z = logits.broadcast_sub(&max)?;
         let lse = z.exp()?.sum_keepdim(1)?.log()?;
