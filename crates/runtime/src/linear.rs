@@ -386,7 +386,7 @@ impl Linear {
     /// Adds the side path's `s · B (A x)` to `y` where the merged dense copy did not serve.
     fn add_side(&self, x: &Tensor, y: Tensor, pass: Pass, rows: usize) -> Result<Tensor> {
         match &self.side {
-            Some(s) if !self.dense_serves(pass, rows) => Ok((y + s.forward(x)?)?),
+            Some(s) if !self.dense_serves(pass, rows) => s.add_to(x, y),
             _ => Ok(y),
         }
     }
